@@ -1,0 +1,231 @@
+package serializer
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// Traits are the properties of a request that change how it is scheduled.
+type Traits uint8
+
+const (
+	// CarriesInitialized marks a body holding notifications/initialized,
+	// alone or inside a batch: it opens the gate and may pass held messages.
+	CarriesInitialized Traits = 1 << iota
+	// RepliesOnly marks a body made only of JSON-RPC responses and/or
+	// notifications/cancelled: a streaming exchange may be waiting for it.
+	RepliesOnly
+	// EndsSession marks a DELETE: a 2xx answer drops the session's state.
+	EndsSession
+)
+
+// Has reports whether all of x are set in t.
+func (t Traits) Has(x Traits) bool { return t&x == x }
+
+const (
+	methodInitialized = "notifications/initialized"
+	methodCancelled   = "notifications/cancelled"
+)
+
+// Classify reads a JSON-RPC body (one message or a batch) and returns its
+// traits, plus the raw id of a single request so that a local error reply
+// can answer it. Malformed JSON has no traits: it is an ordinary message
+// and the upstream answers it. The returned id aliases body.
+func Classify(body []byte) (traits Traits, id []byte) {
+	if !json.Valid(body) {
+		return 0, nil
+	}
+	s := scanner{b: body}
+	s.space()
+	switch s.peek() {
+	case '{':
+		m := s.object()
+		if m.isRequest() {
+			id = m.id
+		}
+		return m.traits(), id
+	case '[':
+		return s.batch(), nil
+	}
+	return 0, nil
+}
+
+// message is what scheduling needs to know of one JSON-RPC object.
+type message struct {
+	method       []byte // raw string contents; valid when methodString
+	methodString bool   // the last "method" member is a string
+	hasMethod    bool
+	hasID        bool
+	hasResult    bool // "result" or "error"
+	id           []byte
+}
+
+func (m *message) isRequest() bool { return m.methodString && m.hasID }
+
+func (m *message) isResponse() bool { return !m.hasMethod && m.hasID && m.hasResult }
+
+func (m *message) isMethod(name string) bool {
+	return m.methodString && stringEquals(m.method, name)
+}
+
+func (m *message) traits() Traits {
+	var t Traits
+	if m.isMethod(methodInitialized) {
+		t |= CarriesInitialized
+	}
+	if m.isResponse() || m.isMethod(methodCancelled) {
+		t |= RepliesOnly
+	}
+	return t
+}
+
+// scanner walks JSON already checked by json.Valid, so it never meets a
+// syntax error and needs no bounds checks beyond the input's end.
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) peek() byte {
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+func (s *scanner) space() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// batch classifies an array: RepliesOnly needs every element to qualify,
+// CarriesInitialized any one. An empty batch or a non-object element makes
+// the whole body ordinary for RepliesOnly.
+func (s *scanner) batch() Traits {
+	s.i++ // [
+	some, all := Traits(0), RepliesOnly
+	n := 0
+	for {
+		s.space()
+		switch s.peek() {
+		case ']':
+			if n == 0 {
+				return 0
+			}
+			return some&CarriesInitialized | all
+		case ',':
+			s.i++
+			continue
+		case '{':
+			m := s.object()
+			t := m.traits()
+			some |= t
+			all &= t
+		default:
+			s.skip()
+			all = 0
+		}
+		n++
+	}
+}
+
+func (s *scanner) object() message {
+	var m message
+	s.i++ // {
+	for {
+		s.space()
+		switch s.peek() {
+		case '}':
+			s.i++
+			return m
+		case ',':
+			s.i++
+			continue
+		}
+		key := s.str()
+		s.space()
+		s.i++ // :
+		s.space()
+		start := s.i
+		isString := s.peek() == '"'
+		var val []byte
+		if isString {
+			val = s.str()
+		} else {
+			s.skip()
+		}
+		switch {
+		case stringEquals(key, "method"):
+			m.hasMethod, m.methodString, m.method = true, isString, val
+		case stringEquals(key, "id"):
+			m.hasID, m.id = true, s.b[start:s.i]
+		case stringEquals(key, "result"), stringEquals(key, "error"):
+			m.hasResult = true
+		}
+	}
+}
+
+// str consumes a string and returns its raw contents, escapes included.
+func (s *scanner) str() []byte {
+	s.i++ // opening quote
+	start := s.i
+	for s.b[s.i] != '"' {
+		if s.b[s.i] == '\\' {
+			s.i++
+		}
+		s.i++
+	}
+	s.i++
+	return s.b[start : s.i-1]
+}
+
+// skip consumes one value of any kind.
+func (s *scanner) skip() {
+	switch s.b[s.i] {
+	case '"':
+		s.str()
+	case '{', '[':
+		depth := 0
+		for {
+			switch s.b[s.i] {
+			case '"':
+				s.str()
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+			}
+			s.i++
+			if depth == 0 {
+				return
+			}
+		}
+	default: // number or literal
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				return
+			}
+			s.i++
+		}
+	}
+}
+
+// stringEquals compares raw JSON string contents with want, decoding
+// escapes only when there are any (rare in practice).
+func stringEquals(raw []byte, want string) bool {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw) == want
+	}
+	quoted := make([]byte, 0, len(raw)+2)
+	quoted = append(append(append(quoted, '"'), raw...), '"')
+	var decoded string
+	return json.Unmarshal(quoted, &decoded) == nil && decoded == want
+}

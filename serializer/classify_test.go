@@ -1,0 +1,53 @@
+package serializer
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		body   string
+		traits Traits
+		id     string
+	}{
+		{"initialized alone", `{"jsonrpc":"2.0","method":"notifications/initialized"}`, CarriesInitialized, ""},
+		{"initialized in a batch", `[{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"info"}},{"jsonrpc":"2.0","method":"notifications/initialized"}]`, CarriesInitialized, ""},
+		{"escaped method name", `{"jsonrpc":"2.0","method":"notifications\/initialized"}`, CarriesInitialized, ""},
+		{"unicode-escaped key", `{"jsonrpc":"2.0","meth\u006fd":"notifications/initialized"}`, CarriesInitialized, ""},
+		{"request keeps its id", `{"jsonrpc":"2.0","id":"abc","method":"tools/list"}`, 0, `"abc"`},
+		{"numeric id", ` {"id" : 7 , "method":"ping","jsonrpc":"2.0"} `, 0, `7`},
+		{"result response", `{"jsonrpc":"2.0","id":5,"result":{"action":"accept"}}`, RepliesOnly, ""},
+		{"error response", `{"jsonrpc":"2.0","id":5,"error":{"code":-1,"message":"no"}}`, RepliesOnly, ""},
+		{"cancellation", `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3}}`, RepliesOnly, ""},
+		{"batch of replies and a cancellation", `[{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3}}]`, RepliesOnly, ""},
+		{"reply beside a request", `[{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","id":2,"method":"ping"}]`, 0, ""},
+		{"reply beside a scalar", `[{"jsonrpc":"2.0","id":1,"result":{}},3]`, 0, ""},
+		{"response without id", `{"jsonrpc":"2.0","result":{}}`, 0, ""},
+		{"empty batch", `[]`, 0, ""},
+		{"empty object", `{}`, 0, ""},
+		{"non-string method", `{"jsonrpc":"2.0","method":5}`, 0, ""},
+		{"last duplicate key wins", `{"method":"notifications/initialized","method":"ping"}`, 0, ""},
+		{"method inside params does not count", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"method":"notifications/initialized","x":[1,{"y":"]"}]}}`, 0, "1"},
+		{"malformed", `{"jsonrpc":"2.0","method":"notifications/initialized"`, 0, ""},
+		{"not JSON at all", `notifications/initialized`, 0, ""},
+		{"empty", ``, 0, ""},
+		{"scalar", `"notifications/initialized"`, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			traits, id := Classify([]byte(tc.body))
+			if traits != tc.traits || string(id) != tc.id {
+				t.Fatalf("Classify(%s) = %b, %q; want %b, %q", tc.body, traits, id, tc.traits, tc.id)
+			}
+		})
+	}
+}
+
+func TestClassifyDoesNotAllocateForSmallMessages(t *testing.T) {
+	body := []byte(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"text":"` + strings.Repeat("x", 3000) + `"}}}`)
+	allocs := testing.AllocsPerRun(100, func() { Classify(body) })
+	if allocs > 2 {
+		t.Fatalf("Classify allocates %.0f times per call, want at most 2", allocs)
+	}
+}

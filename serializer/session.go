@@ -1,0 +1,325 @@
+package serializer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Errors returned by Table.Acquire and Table.WaitGate. A caller cancelled
+// through its context gets the context's error instead.
+var (
+	ErrQueueFull      = errors.New("session queue is full")
+	ErrQueueTimeout   = errors.New("timed out waiting for the session's turn")
+	ErrNotInitialized = errors.New("session was not initialized within init_timeout")
+)
+
+type gateState uint8
+
+const (
+	gateOpen gateState = iota
+	// gateInitializing holds every message but one carrying
+	// notifications/initialized.
+	gateInitializing
+	// gateRejecting answers every message but one carrying
+	// notifications/initialized with ErrNotInitialized.
+	gateRejecting
+)
+
+// Session is one MCP session's queue and initialization gate.
+type Session struct {
+	table *Table
+	id    string
+
+	// refs counts requests holding the session (waiting, in flight or at
+	// the gate); only a session with none may be evicted or expire.
+	refs     atomic.Int32
+	lastUsed atomic.Int64 // unix nanoseconds
+
+	mu        sync.Mutex
+	inFlight  bool // a request holds the slot
+	streaming bool // and its response is an event stream
+	gate      gateState
+	waiting   []*waiter     // arrival order, held ones included
+	gateOpens chan struct{} // closed when the gate leaves gateInitializing
+	stopInit  func() bool   // cancels the init timeout
+	synth     func(context.Context) bool
+}
+
+// waiter is a request waiting for its turn.
+type waiter struct {
+	traits   Traits
+	ready    chan struct{} // closed once decided
+	err      error         // the decision: nil is a turn
+	overtake bool          // the turn is outside the slot (RepliesOnly)
+}
+
+// Turn is a request's permission to go upstream. Done must be called
+// exactly once when the upstream exchange has ended.
+type Turn struct {
+	s        *Session
+	traits   Traits
+	overtake bool
+}
+
+// Streaming records that the response is an event stream, which lets
+// replies and cancellations overtake it.
+func (t Turn) Streaming() {
+	if t.s == nil || t.overtake {
+		return
+	}
+	s := t.s
+	s.mu.Lock()
+	s.streaming = true
+	s.dispatch()
+	s.mu.Unlock()
+}
+
+// Done ends the exchange with the upstream's HTTP status (0 when no
+// response was sent) and hands the slot to the next request.
+func (t Turn) Done(status int) {
+	s := t.s
+	if s == nil {
+		return
+	}
+	ok := status >= 200 && status < 300
+	s.mu.Lock()
+	if !t.overtake {
+		s.inFlight, s.streaming = false, false
+	}
+	if ok && t.traits.Has(CarriesInitialized) && s.gate != gateOpen {
+		s.openGate()
+	}
+	s.dispatch()
+	s.mu.Unlock()
+	if status == 404 || (ok && t.traits.Has(EndsSession)) {
+		s.table.drop(s)
+	}
+	s.unref()
+}
+
+// Overtook reports whether the turn went ahead of the in-flight exchange.
+func (t Turn) Overtook() bool { return t.overtake }
+
+func (s *Session) unref() {
+	s.lastUsed.Store(s.table.clock.Now().UnixNano())
+	s.refs.Add(-1)
+}
+
+// admits reports whether the gate lets a request with these traits go.
+func (s *Session) admits(t Traits) bool {
+	return s.gate == gateOpen || t.Has(CarriesInitialized)
+}
+
+// canOvertake reports whether a request may run beside the in-flight one.
+func (s *Session) canOvertake(t Traits) bool {
+	return t.Has(RepliesOnly) && s.inFlight && s.streaming && s.gate == gateOpen
+}
+
+func (s *Session) enter(ctx context.Context, traits Traits) (Turn, error) {
+	cfg := s.table.config()
+	if err := ctx.Err(); err != nil {
+		return Turn{}, err
+	}
+	s.mu.Lock()
+	// dispatch keeps "slot free and an admitted request waiting" from ever
+	// lasting, so a free slot means nobody admitted is ahead of us.
+	switch {
+	case s.canOvertake(traits):
+		s.mu.Unlock()
+		cfg.Events.Waited(0)
+		return Turn{s: s, traits: traits, overtake: true}, nil
+	case s.gate == gateRejecting && !traits.Has(CarriesInitialized):
+		s.mu.Unlock()
+		return Turn{}, ErrNotInitialized
+	case !s.inFlight && s.admits(traits):
+		s.inFlight = true
+		s.mu.Unlock()
+		cfg.Events.Waited(0)
+		return Turn{s: s, traits: traits}, nil
+	case len(s.waiting) >= cfg.MaxQueue:
+		s.mu.Unlock()
+		return Turn{}, ErrQueueFull
+	}
+	w := &waiter{traits: traits, ready: make(chan struct{})}
+	s.waiting = append(s.waiting, w)
+	held := !s.admits(traits)
+	s.mu.Unlock()
+	if held {
+		cfg.Events.Held()
+	}
+
+	start := s.table.clock.Now()
+	stop := s.table.clock.AfterFunc(cfg.QueueTimeout, func() { s.decide(w, ErrQueueTimeout) })
+	select {
+	case <-w.ready:
+	case <-ctx.Done():
+		s.decide(w, ctx.Err())
+	}
+	stop()
+	if w.err == nil && ctx.Err() != nil {
+		// Our turn came as the client left: never forward, pass the slot on.
+		Turn{s: s, traits: traits &^ CarriesInitialized, overtake: w.overtake}.release()
+		return Turn{}, ctx.Err()
+	}
+	if w.err != nil {
+		return Turn{}, w.err
+	}
+	cfg.Events.Waited(s.table.clock.Now().Sub(start))
+	return Turn{s: s, traits: traits, overtake: w.overtake}, nil
+}
+
+// release gives the slot back without any effect of an upstream answer.
+func (t Turn) release() {
+	s := t.s
+	s.mu.Lock()
+	if !t.overtake {
+		s.inFlight, s.streaming = false, false
+	}
+	s.dispatch()
+	s.mu.Unlock()
+}
+
+// decide settles w with err unless it was settled already, and waits until
+// it is, so the caller can read w's outcome.
+func (s *Session) decide(w *waiter, err error) {
+	s.mu.Lock()
+	for i, x := range s.waiting {
+		if x == w {
+			s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
+			w.err = err
+			close(w.ready)
+			break
+		}
+	}
+	s.mu.Unlock()
+	<-w.ready
+}
+
+// grant removes waiting[i] and gives it a turn. Caller holds s.mu.
+func (s *Session) grant(i int, overtake bool) {
+	w := s.waiting[i]
+	s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
+	w.overtake = overtake
+	if !overtake {
+		s.inFlight = true
+	}
+	close(w.ready)
+}
+
+// dispatch hands out whatever turns the session's state allows. Caller
+// holds s.mu; it runs after every change of that state.
+func (s *Session) dispatch() {
+	if s.gate == gateRejecting {
+		kept := s.waiting[:0]
+		for _, w := range s.waiting {
+			if w.traits.Has(CarriesInitialized) {
+				kept = append(kept, w)
+				continue
+			}
+			w.err = ErrNotInitialized
+			close(w.ready)
+		}
+		clear(s.waiting[len(kept):])
+		s.waiting = kept
+	}
+	for i := 0; i < len(s.waiting); {
+		w := s.waiting[i]
+		switch {
+		case s.canOvertake(w.traits):
+			s.grant(i, true)
+		case !s.inFlight && s.admits(w.traits):
+			s.grant(i, false)
+		default:
+			i++
+		}
+		if s.inFlight && !s.streaming {
+			return // nothing else can go until the slot is free
+		}
+	}
+}
+
+// openGate lets held messages go. Caller holds s.mu.
+func (s *Session) openGate() {
+	if s.gate == gateInitializing {
+		close(s.gateOpens)
+	}
+	s.gate = gateOpen
+	if s.stopInit != nil {
+		s.stopInit()
+		s.stopInit = nil
+	}
+	s.synth = nil
+}
+
+// initExpired applies OnInitTimeout to a session still gated.
+func (s *Session) initExpired() {
+	cfg := s.table.config()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gate != gateInitializing {
+		return
+	}
+	s.stopInit = nil
+	cfg.Events.GateTimedOut(s.id, cfg.OnInitTimeout)
+	switch {
+	case cfg.OnInitTimeout == Reject:
+		s.gate = gateRejecting
+		close(s.gateOpens)
+		s.dispatch()
+	case cfg.OnInitTimeout == Synthesize && s.synth != nil:
+		go s.synthesize(s.synth, cfg.QueueTimeout)
+	default:
+		s.openGate()
+		s.dispatch()
+	}
+}
+
+// synthesize sends notifications/initialized on the client's behalf. Its
+// turn opens the gate on a 2xx; on any failure the gate opens anyway, as
+// with Forward, so that nothing stays held.
+func (s *Session) synthesize(send func(context.Context) bool, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	send(ctx)
+	s.mu.Lock()
+	if s.gate == gateInitializing {
+		s.openGate()
+		s.dispatch()
+	}
+	s.mu.Unlock()
+}
+
+// waitGate blocks until the gate is open, for requests that do not take
+// the slot (the GET stream).
+func (s *Session) waitGate(ctx context.Context) error {
+	cfg := s.table.config()
+	s.mu.Lock()
+	gate, opens := s.gate, s.gateOpens
+	s.mu.Unlock()
+	if gate == gateInitializing {
+		cfg.Events.Held()
+		expired := make(chan struct{})
+		stop := s.table.clock.AfterFunc(cfg.QueueTimeout, func() { close(expired) })
+		defer stop()
+		select {
+		case <-opens:
+		case <-expired:
+			return ErrQueueTimeout
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		s.mu.Lock()
+		gate = s.gate
+		s.mu.Unlock()
+	}
+	if gate == gateRejecting {
+		return ErrNotInitialized
+	}
+	return nil
+}
+
+// ID returns the session id. It is a credential: hash it before logging.
+func (s *Session) ID() string { return s.id }

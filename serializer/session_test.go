@@ -1,0 +1,438 @@
+package serializer
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var bg = context.Background()
+
+func TestRequestsOfOneSessionRunOneAtATimeInArrivalOrder(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	first, err := tab.Acquire(bg, "s", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := acquireAsync(t, tab, bg, "s", 0)
+	third := acquireAsync(t, tab, bg, "s", 0)
+	mustWait(t, second)
+
+	first.Done(200)
+	r := mustGet(t, second)
+	mustWait(t, third)
+	r.turn.Done(200)
+	mustGet(t, third).turn.Done(200)
+}
+
+func TestSessionsDoNotWaitForEachOther(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	a, _ := tab.Acquire(bg, "a", 0)
+	defer a.Done(200)
+	b := acquireAsync(t, tab, bg, "b", 0)
+	if r := mustGet(t, b); r.err != nil {
+		t.Fatal(r.err)
+	}
+}
+
+func TestInitializeExchangeHoldsSlotUntilItsBodyEnds(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	initialize, ok := tab.Begin("s", nil)
+	if !ok {
+		t.Fatal("Begin refused a new session")
+	}
+	initialized := acquireAsync(t, tab, bg, "s", CarriesInitialized)
+	mustWait(t, initialized)
+	initialize.Done(200)
+	mustGet(t, initialized).turn.Done(202)
+}
+
+func TestHeldRequestWaitsForInitializedAck(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	initialize, _ := tab.Begin("s", nil)
+	initialize.Done(200)
+
+	setLevel := acquireAsync(t, tab, bg, "s", 0)
+	mustWait(t, setLevel) // slot is free, but the gate holds it
+	initialized := mustGet(t, acquireAsync(t, tab, bg, "s", CarriesInitialized))
+	mustWait(t, setLevel) // not before the upstream answered
+	initialized.turn.Done(202)
+	mustGet(t, setLevel).turn.Done(200)
+}
+
+func TestPingIsHeldLikeAnyRequest(t *testing.T) {
+	// The gate looks at traits only: a ping has none, so it is held.
+	traits, _ := Classify([]byte(`{"jsonrpc":"2.0","id":9,"method":"ping"}`))
+	tab, _ := newTestTable(t, nil)
+	initialize, _ := tab.Begin("s", nil)
+	initialize.Done(200)
+	mustWait(t, acquireAsync(t, tab, bg, "s", traits))
+}
+
+func TestInitializedGoesAheadOfHeldMessagesWhichKeepTheirOrder(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	initialize, _ := tab.Begin("s", nil)
+	setLevel := acquireAsync(t, tab, bg, "s", 0)
+	toolsList := acquireAsync(t, tab, bg, "s", 0)
+	initialized := acquireAsync(t, tab, bg, "s", CarriesInitialized)
+	initialize.Done(200)
+
+	mustGet(t, initialized).turn.Done(202)
+	r := mustGet(t, setLevel)
+	mustWait(t, toolsList)
+	r.turn.Done(200)
+	mustGet(t, toolsList).turn.Done(200)
+}
+
+func TestGateStaysClosedWhenInitializedIsNotAcknowledged(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	initialize, _ := tab.Begin("s", nil)
+	initialize.Done(200)
+	held := acquireAsync(t, tab, bg, "s", 0)
+	mustGet(t, acquireAsync(t, tab, bg, "s", CarriesInitialized)).turn.Done(500)
+	mustWait(t, held)
+	mustGet(t, acquireAsync(t, tab, bg, "s", CarriesInitialized)).turn.Done(202)
+	mustGet(t, held).turn.Done(200)
+}
+
+func TestInitTimeoutForwardOpensGate(t *testing.T) {
+	var timedOut atomic.Int32
+	tab, clock := newTestTable(t, func(c *Config) {
+		c.OnInitTimeout = Forward
+		c.Events = &countingEvents{gateTimeouts: &timedOut}
+	})
+	initialize, _ := tab.Begin("s", nil)
+	initialize.Done(200)
+	held := acquireAsync(t, tab, bg, "s", 0)
+	clock.Advance(9 * time.Second)
+	mustWait(t, held)
+	clock.Advance(time.Second)
+	if r := mustGet(t, held); r.err != nil {
+		t.Fatalf("held request after forward timeout: %v", r.err)
+	}
+	if timedOut.Load() != 1 {
+		t.Fatalf("gate timeouts reported = %d, want 1", timedOut.Load())
+	}
+}
+
+func TestInitTimeoutRejectAnswersHeldAndLaterRequestsUntilInitialized(t *testing.T) {
+	tab, clock := newTestTable(t, func(c *Config) { c.OnInitTimeout = Reject })
+	initialize, _ := tab.Begin("s", nil)
+	initialize.Done(200)
+	held := acquireAsync(t, tab, bg, "s", 0)
+	gotGate := make(chan error, 1)
+	go func() { gotGate <- tab.WaitGate(bg, "s") }()
+	clock.Advance(10 * time.Second)
+
+	if r := mustGet(t, held); !errors.Is(r.err, ErrNotInitialized) {
+		t.Fatalf("held request: err = %v, want ErrNotInitialized", r.err)
+	}
+	if err := <-gotGate; !errors.Is(err, ErrNotInitialized) {
+		t.Fatalf("GET at the gate: err = %v, want ErrNotInitialized", err)
+	}
+	if _, err := tab.Acquire(bg, "s", 0); !errors.Is(err, ErrNotInitialized) {
+		t.Fatalf("later request: err = %v, want ErrNotInitialized", err)
+	}
+	mustGet(t, acquireAsync(t, tab, bg, "s", CarriesInitialized)).turn.Done(202)
+	later, err := tab.Acquire(bg, "s", 0)
+	if err != nil {
+		t.Fatalf("request after a late initialized: %v", err)
+	}
+	later.Done(200)
+}
+
+func TestInitTimeoutSynthesizeSendsInitializedAheadOfHeld(t *testing.T) {
+	tab, clock := newTestTable(t, func(c *Config) { c.OnInitTimeout = Synthesize })
+	var sent []Traits
+	synthDone := make(chan struct{})
+	initialize, _ := tab.Begin("s", func(ctx context.Context) bool {
+		defer close(synthDone)
+		turn, err := tab.Acquire(ctx, "s", CarriesInitialized)
+		if err != nil {
+			return false
+		}
+		sent = append(sent, turn.traits)
+		turn.Done(202)
+		return true
+	})
+	initialize.Done(200)
+	held := acquireAsync(t, tab, bg, "s", 0)
+	clock.Advance(10 * time.Second)
+	<-synthDone
+	if len(sent) != 1 {
+		t.Fatalf("synthesized initialized sent %d times, want 1", len(sent))
+	}
+	mustGet(t, held).turn.Done(200)
+}
+
+func TestInitTimeoutSynthesizeFailureStillReleasesHeld(t *testing.T) {
+	tab, clock := newTestTable(t, func(c *Config) { c.OnInitTimeout = Synthesize })
+	initialize, _ := tab.Begin("s", func(ctx context.Context) bool {
+		turn, err := tab.Acquire(ctx, "s", CarriesInitialized)
+		if err == nil {
+			turn.Done(502)
+		}
+		return false
+	})
+	initialize.Done(200)
+	held := acquireAsync(t, tab, bg, "s", 0)
+	clock.Advance(10 * time.Second)
+	if r := mustGet(t, held); r.err != nil {
+		t.Fatalf("held request after failed synthesize: %v", r.err)
+	}
+}
+
+func TestRepliesOvertakeAStreamingExchange(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	call, _ := tab.Acquire(bg, "s", 0)
+	call.Streaming()
+	for _, traits := range []Traits{RepliesOnly, RepliesOnly | CarriesInitialized} {
+		r := mustGet(t, acquireAsync(t, tab, bg, "s", traits))
+		if r.err != nil || !r.turn.Overtook() {
+			t.Fatalf("reply behind a stream: overtook=%v err=%v", r.turn.Overtook(), r.err)
+		}
+		r.turn.Done(202)
+	}
+	ordinary := acquireAsync(t, tab, bg, "s", 0)
+	mustWait(t, ordinary)
+	call.Done(200)
+	mustGet(t, ordinary).turn.Done(200)
+}
+
+func TestRepliesQueueBehindAJSONExchange(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	call, _ := tab.Acquire(bg, "s", 0)
+	reply := acquireAsync(t, tab, bg, "s", RepliesOnly)
+	mustWait(t, reply)
+	call.Done(200)
+	r := mustGet(t, reply)
+	if r.turn.Overtook() {
+		t.Fatal("reply overtook a JSON exchange")
+	}
+	r.turn.Done(202)
+}
+
+func TestQueuedReplyGoesOnceTheExchangeStartsStreaming(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	call, _ := tab.Acquire(bg, "s", 0)
+	ordinary := acquireAsync(t, tab, bg, "s", 0)
+	reply := acquireAsync(t, tab, bg, "s", RepliesOnly)
+	mustWait(t, reply)
+	call.Streaming()
+	mustGet(t, reply).turn.Done(202)
+	mustWait(t, ordinary)
+	call.Done(200)
+	mustGet(t, ordinary).turn.Done(200)
+}
+
+func TestRepliesAreHeldAtTheGate(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	initialize, _ := tab.Begin("s", nil)
+	initialize.Streaming()
+	mustWait(t, acquireAsync(t, tab, bg, "s", RepliesOnly))
+}
+
+func TestGetStreamWaitsForGateButNotForQueue(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	initialize, _ := tab.Begin("s", nil)
+	initialize.Done(200)
+	got := make(chan error, 1)
+	go func() { got <- tab.WaitGate(bg, "s") }()
+	select {
+	case err := <-got:
+		t.Fatalf("GET passed a closed gate: %v", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	initialized, _ := tab.Acquire(bg, "s", CarriesInitialized)
+	initialized.Done(202)
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+
+	busy, _ := tab.Acquire(bg, "s", 0) // holds the slot
+	defer busy.Done(200)
+	if err := tab.WaitGate(bg, "s"); err != nil {
+		t.Fatalf("GET behind an exchange: %v", err)
+	}
+}
+
+func TestGetStreamAtGateTimesOut(t *testing.T) {
+	tab, clock := newTestTable(t, func(c *Config) { c.QueueTimeout = time.Second })
+	initialize, _ := tab.Begin("s", nil)
+	initialize.Done(200)
+	got := make(chan error, 1)
+	go func() { got <- tab.WaitGate(bg, "s") }()
+	eventually(t, func() bool { clock.Advance(time.Second); return len(got) > 0 })
+	if err := <-got; !errors.Is(err, ErrQueueTimeout) {
+		t.Fatalf("err = %v, want ErrQueueTimeout", err)
+	}
+}
+
+func TestDeleteWaitsItsTurnAndEndsTheSession(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	call, _ := tab.Acquire(bg, "s", 0)
+	del := acquireAsync(t, tab, bg, "s", EndsSession)
+	mustWait(t, del)
+	call.Done(200)
+	mustGet(t, del).turn.Done(200)
+	if tab.Len() != 0 {
+		t.Fatalf("tracked sessions after DELETE = %d, want 0", tab.Len())
+	}
+}
+
+func TestFailedDeleteKeepsTheSession(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	del, _ := tab.Acquire(bg, "s", EndsSession)
+	del.Done(500)
+	if tab.Len() != 1 {
+		t.Fatalf("tracked sessions = %d, want 1", tab.Len())
+	}
+}
+
+func TestNotFoundFromUpstreamDropsSession(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	initialize, _ := tab.Begin("s", nil)
+	held := acquireAsync(t, tab, bg, "s", 0)
+	initialize.Done(404)
+	if tab.Len() != 0 {
+		t.Fatalf("tracked sessions after 404 = %d, want 0", tab.Len())
+	}
+	// Nobody will open the gate of a dropped session: its held messages go.
+	mustGet(t, held).turn.Done(404)
+}
+
+func TestUnknownSessionIsQueuedButNotGated(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	first, err := tab.Acquire(bg, "never-seen", 0)
+	if err != nil {
+		t.Fatalf("unknown session held: %v", err)
+	}
+	second := acquireAsync(t, tab, bg, "never-seen", 0)
+	mustWait(t, second)
+	first.Done(200)
+	mustGet(t, second).turn.Done(200)
+	if err := tab.WaitGate(bg, "other-unknown"); err != nil {
+		t.Fatalf("GET of an unknown session: %v", err)
+	}
+}
+
+func TestFullQueueRejectsNewRequests(t *testing.T) {
+	tab, _ := newTestTable(t, func(c *Config) { c.MaxQueue = 2 })
+	busy, _ := tab.Acquire(bg, "s", 0)
+	a := acquireAsync(t, tab, bg, "s", 0)
+	b := acquireAsync(t, tab, bg, "s", 0)
+	if _, err := tab.Acquire(bg, "s", 0); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("err = %v, want ErrQueueFull", err)
+	}
+	busy.Done(200)
+	mustGet(t, a).turn.Done(200)
+	mustGet(t, b).turn.Done(200)
+}
+
+func TestWaitPastQueueTimeoutFails(t *testing.T) {
+	tab, clock := newTestTable(t, func(c *Config) { c.QueueTimeout = 30 * time.Second })
+	busy, _ := tab.Acquire(bg, "s", 0)
+	waiting := acquireAsync(t, tab, bg, "s", 0)
+	clock.Advance(30 * time.Second)
+	if r := mustGet(t, waiting); !errors.Is(r.err, ErrQueueTimeout) {
+		t.Fatalf("err = %v, want ErrQueueTimeout", r.err)
+	}
+	busy.Done(200)
+	next, err := tab.Acquire(bg, "s", 0)
+	if err != nil {
+		t.Fatalf("slot not free after a timed-out waiter: %v", err)
+	}
+	next.Done(200)
+}
+
+func TestDepartedClientLeavesQueueAndIsNeverGranted(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	busy, _ := tab.Acquire(bg, "s", 0)
+	ctx, cancel := context.WithCancel(bg)
+	gone := acquireAsync(t, tab, ctx, "s", 0)
+	after := acquireAsync(t, tab, bg, "s", 0)
+	cancel()
+	if r := mustGet(t, gone); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("departed client: err = %v, want context.Canceled", r.err)
+	}
+	busy.Done(200)
+	mustGet(t, after).turn.Done(200)
+}
+
+func TestTurnGrantedAsClientLeavesPassesTheSlotOn(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	busy, _ := tab.Acquire(bg, "s", 0)
+	ctx := &leavingContext{Context: bg}
+	waiting := acquireAsync(t, tab, ctx, "s", 0)
+	after := acquireAsync(t, tab, bg, "s", 0)
+	ctx.left.Store(true) // gone, but Done not yet seen by the waiter
+	busy.Done(200)
+	if r := mustGet(t, waiting); r.err == nil {
+		t.Fatal("a departed client got a turn")
+	}
+	mustGet(t, after).turn.Done(200)
+}
+
+func TestDepartedClientIsNotGrantedAFreeSlot(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	if _, err := tab.Acquire(ctx, "s", 0); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	next, err := tab.Acquire(bg, "s", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next.Done(200)
+}
+
+// leavingContext reports an error before its Done channel fires, the
+// order in which a grant and a departure can meet.
+type leavingContext struct {
+	context.Context
+	left atomic.Bool
+}
+
+func (c *leavingContext) Err() error {
+	if c.left.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+func TestPanicAfterAcquireReleasedByDeferredDone(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	func() {
+		defer func() { _ = recover() }()
+		turn, _ := tab.Acquire(bg, "s", 0)
+		defer turn.Done(0)
+		panic("next handler failed")
+	}()
+	next, err := tab.Acquire(bg, "s", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next.Done(200)
+}
+
+// countingEvents counts what tests look at.
+type countingEvents struct {
+	noEvents
+	gateTimeouts *atomic.Int32
+	evictions    *atomic.Int32
+}
+
+func (e *countingEvents) GateTimedOut(string, TimeoutAction) {
+	if e.gateTimeouts != nil {
+		e.gateTimeouts.Add(1)
+	}
+}
+
+func (e *countingEvents) Evicted() {
+	if e.evictions != nil {
+		e.evictions.Add(1)
+	}
+}

@@ -1,0 +1,220 @@
+package serializer
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+)
+
+// Table tracks sessions by id. It is safe for concurrent use, and is
+// reconfigured in place so that sessions outlive a config reload.
+type Table struct {
+	clock  Clock
+	cfg    atomic.Pointer[Config]
+	mu     sync.Mutex // guards get-or-create and eviction decisions
+	lru    *lru.Cache[string, *Session]
+	stop   chan struct{}
+	closed sync.WaitGroup
+}
+
+// NewTable returns a table with its janitor running; Close stops it.
+func NewTable(cfg Config) *Table {
+	t := &Table{clock: cfg.Clock, stop: make(chan struct{})}
+	if t.clock == nil {
+		t.clock = systemClock{}
+	}
+	// The cache never evicts by itself: add makes room first, skipping
+	// sessions in use, so the callback has nothing to do.
+	t.lru, _ = lru.NewWithEvict[string, *Session](max(cfg.MaxSessions, 1), nil)
+	t.Configure(cfg)
+	t.closed.Add(1)
+	go t.janitor()
+	return t
+}
+
+// Configure applies new limits to the table and its live sessions.
+func (t *Table) Configure(cfg Config) {
+	if cfg.Events == nil {
+		cfg.Events = noEvents{}
+	}
+	cfg.Clock = t.clock
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old := t.cfg.Load(); old != nil && old.MaxSessions > cfg.MaxSessions {
+		for t.lru.Len() > cfg.MaxSessions && t.evictOne() {
+		}
+	}
+	t.lru.Resize(max(cfg.MaxSessions, t.lru.Len(), 1))
+	t.cfg.Store(&cfg)
+}
+
+func (t *Table) config() *Config { return t.cfg.Load() }
+
+// Close stops the janitor. Sessions keep working; nothing expires.
+func (t *Table) Close() {
+	select {
+	case <-t.stop:
+	default:
+		close(t.stop)
+	}
+	t.closed.Wait()
+}
+
+// Len returns the number of sessions tracked.
+func (t *Table) Len() int { return t.lru.Len() }
+
+// Acquire waits for the request's turn in session id, tracking the session
+// (queue only, no gate) if it is unknown.
+func (t *Table) Acquire(ctx context.Context, id string, traits Traits) (Turn, error) {
+	s := t.ref(id, true)
+	turn, err := s.enter(ctx, traits)
+	if err != nil {
+		s.unref()
+	}
+	return turn, err
+}
+
+// WaitGate waits until session id may stream to its client: at once unless
+// the session is still initializing.
+func (t *Table) WaitGate(ctx context.Context, id string) error {
+	s := t.ref(id, false)
+	if s == nil {
+		return nil
+	}
+	defer s.unref()
+	return s.waitGate(ctx)
+}
+
+// Begin registers a session the upstream has just created, gated until
+// notifications/initialized is acknowledged. The returned turn holds the
+// session's slot for the rest of the initialize exchange. synth, used by
+// the Synthesize action, sends notifications/initialized upstream through
+// Acquire and reports its success. ok is false if id was known already.
+func (t *Table) Begin(id string, synth func(context.Context) bool) (turn Turn, ok bool) {
+	cfg := t.config()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.lru.Contains(id) {
+		return Turn{}, false
+	}
+	s := t.add(id)
+	s.refs.Add(1)
+	s.inFlight = true
+	s.gate = gateInitializing
+	s.gateOpens = make(chan struct{})
+	s.synth = synth
+	s.stopInit = t.clock.AfterFunc(cfg.InitTimeout, s.initExpired)
+	return Turn{s: s}, true
+}
+
+// ref finds (or, with create, makes) session id and counts a reference,
+// under the table lock so eviction never takes a session being entered.
+func (t *Table) ref(id string, create bool) *Session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.lru.Get(id)
+	if !ok {
+		if !create {
+			return nil
+		}
+		s = t.add(id)
+	}
+	s.refs.Add(1)
+	s.lastUsed.Store(t.clock.Now().UnixNano())
+	return s
+}
+
+// add inserts a new session, first evicting the least recently used idle
+// one if the table is full. Caller holds t.mu.
+func (t *Table) add(id string) *Session {
+	if t.lru.Len() >= t.config().MaxSessions && !t.evictOne() {
+		// Every session is in use: grow rather than drop one with waiters.
+		t.lru.Resize(t.lru.Len() + 1)
+	}
+	s := &Session{table: t, id: id}
+	s.lastUsed.Store(t.clock.Now().UnixNano())
+	t.lru.Add(id, s)
+	return s
+}
+
+// evictOne forgets the least recently used idle session. Sessions in use
+// met on the way count as used now. It reports whether one was evicted.
+// Caller holds t.mu.
+func (t *Table) evictOne() bool {
+	for range t.lru.Len() {
+		id, s, ok := t.lru.GetOldest()
+		if !ok {
+			return false
+		}
+		if s.refs.Load() > 0 {
+			t.lru.Get(id) // in use: move to the recent end
+			continue
+		}
+		t.lru.Remove(id)
+		t.config().Events.Evicted()
+		return true
+	}
+	return false
+}
+
+// drop forgets s if it is still the table's session for its id.
+func (t *Table) drop(s *Session) {
+	t.mu.Lock()
+	if cur, ok := t.lru.Peek(s.id); ok && cur == s {
+		t.lru.Remove(s.id)
+	}
+	t.mu.Unlock()
+	// A message still held would otherwise wait for a gate nobody opens.
+	s.mu.Lock()
+	if s.gate == gateInitializing {
+		s.openGate()
+		s.dispatch()
+	}
+	s.mu.Unlock()
+}
+
+// Sweep forgets sessions idle for longer than SessionTTL. The janitor
+// calls it periodically; tests call it directly.
+func (t *Table) Sweep() {
+	cfg := t.config()
+	cutoff := t.clock.Now().Add(-cfg.SessionTTL).UnixNano()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for range t.lru.Len() {
+		id, s, ok := t.lru.GetOldest()
+		if !ok {
+			return
+		}
+		switch {
+		case s.refs.Load() > 0:
+			t.lru.Get(id) // in use: not idle
+		case s.lastUsed.Load() < cutoff:
+			t.lru.Remove(id)
+		default:
+			return // the rest were used more recently
+		}
+	}
+}
+
+func (t *Table) janitor() {
+	defer t.closed.Done()
+	for {
+		// Re-read the TTL each round: a reload may have changed it.
+		wait := time.NewTimer(sweepInterval(t.config().SessionTTL))
+		select {
+		case <-t.stop:
+			wait.Stop()
+			return
+		case <-wait.C:
+			t.Sweep()
+		}
+	}
+}
+
+// sweepInterval checks a few times per TTL, within [1s, 1m].
+func sweepInterval(ttl time.Duration) time.Duration {
+	return min(max(ttl/4, time.Second), time.Minute)
+}

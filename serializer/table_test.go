@@ -1,0 +1,133 @@
+package serializer
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestTableEvictsLeastRecentlyUsedIdleSession(t *testing.T) {
+	var evicted atomic.Int32
+	tab, _ := newTestTable(t, func(c *Config) {
+		c.MaxSessions = 2
+		c.Events = &countingEvents{evictions: &evicted}
+	})
+	for _, id := range []string{"a", "b", "a", "c"} {
+		turn, _ := tab.Acquire(bg, id, 0)
+		turn.Done(200)
+	}
+	if tab.lru.Contains("b") || !tab.lru.Contains("a") || !tab.lru.Contains("c") {
+		t.Fatalf("tracked %v, want a and c", tab.lru.Keys())
+	}
+	if evicted.Load() != 1 {
+		t.Fatalf("evictions = %d, want 1", evicted.Load())
+	}
+}
+
+func TestEvictionNeverDropsASessionWithWaiters(t *testing.T) {
+	tab, _ := newTestTable(t, func(c *Config) { c.MaxSessions = 2 })
+	busy, _ := tab.Acquire(bg, "busy", 0)
+	queued := acquireAsync(t, tab, bg, "busy", 0)
+	gated, _ := tab.Begin("gated", nil)
+	for i := range 10 {
+		turn, _ := tab.Acquire(bg, fmt.Sprint("flood-", i), 0)
+		turn.Done(404)
+	}
+	for _, id := range []string{"busy", "gated"} {
+		if !tab.lru.Contains(id) {
+			t.Fatalf("session %q in use was evicted", id)
+		}
+	}
+	busy.Done(200)
+	mustGet(t, queued).turn.Done(200)
+	gated.Done(200)
+}
+
+func TestTableGrowsPastMaxSessionsOnlyWhenAllAreInUse(t *testing.T) {
+	tab, _ := newTestTable(t, func(c *Config) { c.MaxSessions = 1 })
+	a, _ := tab.Acquire(bg, "a", 0)
+	b, _ := tab.Acquire(bg, "b", 0)
+	if tab.Len() != 2 {
+		t.Fatalf("Len = %d, want 2 while both are in use", tab.Len())
+	}
+	a.Done(200)
+	b.Done(200)
+	c, _ := tab.Acquire(bg, "c", 0)
+	c.Done(200)
+	if tab.Len() > 2 {
+		t.Fatalf("Len = %d, want the table to stop growing", tab.Len())
+	}
+}
+
+func TestIdleSessionExpiresAfterTTL(t *testing.T) {
+	tab, clock := newTestTable(t, func(c *Config) { c.SessionTTL = time.Minute })
+	turn, _ := tab.Acquire(bg, "old", 0)
+	turn.Done(200)
+	clock.Advance(30 * time.Second)
+	turn, _ = tab.Acquire(bg, "new", 0)
+	turn.Done(200)
+	clock.Advance(31 * time.Second)
+	tab.Sweep()
+	if tab.lru.Contains("old") || !tab.lru.Contains("new") {
+		t.Fatalf("after sweep: %v, want only new", tab.lru.Keys())
+	}
+}
+
+func TestSessionInUseNeverExpires(t *testing.T) {
+	tab, clock := newTestTable(t, func(c *Config) { c.SessionTTL = time.Minute })
+	busy, _ := tab.Acquire(bg, "busy", 0)
+	clock.Advance(2 * time.Hour)
+	tab.Sweep()
+	if !tab.lru.Contains("busy") {
+		t.Fatal("a session with an exchange in flight expired")
+	}
+	busy.Done(200)
+}
+
+func TestConfigureShrinksTableToNewMaxSessions(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	for i := range 5 {
+		turn, _ := tab.Acquire(bg, fmt.Sprint(i), 0)
+		turn.Done(200)
+	}
+	cfg := *tab.config()
+	cfg.MaxSessions = 2
+	tab.Configure(cfg)
+	if tab.Len() != 2 {
+		t.Fatalf("Len = %d, want 2", tab.Len())
+	}
+}
+
+func TestJanitorStopsOnClose(t *testing.T) {
+	before := runtime.NumGoroutine()
+	tab := NewTable(Defaults())
+	if runtime.NumGoroutine() <= before {
+		t.Fatal("no janitor goroutine started")
+	}
+	tab.Close()
+	tab.Close() // idempotent
+	eventually(t, func() bool { return runtime.NumGoroutine() <= before })
+}
+
+func TestValidateNamesTheSetting(t *testing.T) {
+	for setting, edit := range map[string]func(*Config){
+		"init_timeout":  func(c *Config) { c.InitTimeout = 0 },
+		"queue_timeout": func(c *Config) { c.QueueTimeout = -1 },
+		"max_queue":     func(c *Config) { c.MaxQueue = 0 },
+		"max_sessions":  func(c *Config) { c.MaxSessions = 0 },
+		"session_ttl":   func(c *Config) { c.SessionTTL = 0 },
+	} {
+		cfg := Defaults()
+		edit(&cfg)
+		err := cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), setting) {
+			t.Errorf("%s: Validate() = %v, want an error naming it", setting, err)
+		}
+	}
+	if err := Defaults().Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+}
