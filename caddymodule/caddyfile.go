@@ -1,0 +1,93 @@
+package caddymodule
+
+import (
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("mcp_serializer", parseCaddyfile)
+	// Before "invoke" is before handle/route blocks, reverse_proxy and
+	// php_fastcgi at the same nesting level; a top-level handle block
+	// would otherwise take the request first.
+	httpcaddyfile.RegisterDirectiveOrder("mcp_serializer", httpcaddyfile.Before, "invoke")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	mcp_serializer [<matcher>] {
+//	    name            <table name>
+//	    init_timeout    <duration>
+//	    on_init_timeout forward|synthesize|reject
+//	    queue_timeout   <duration>
+//	    max_queue       <requests per session>
+//	    max_sessions    <sessions>
+//	    session_ttl     <duration>
+//	    max_body        <size>
+//	    get_stream      forward|reject
+//	}
+//
+// Every setting is optional; defaults are applied in Provision.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		setting := d.Val()
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		val := d.Val()
+		var err error
+		switch setting {
+		case "name":
+			h.Name = val
+		case "init_timeout":
+			h.InitTimeout, err = parseDuration(val)
+		case "on_init_timeout":
+			h.OnInitTimeout = val
+		case "queue_timeout":
+			h.QueueTimeout, err = parseDuration(val)
+		case "max_queue":
+			h.MaxQueue, err = strconv.Atoi(val)
+		case "max_sessions":
+			h.MaxSessions, err = strconv.Atoi(val)
+		case "session_ttl":
+			h.SessionTTL, err = parseDuration(val)
+		case "max_body":
+			var size uint64
+			size, err = humanize.ParseBytes(val)
+			h.MaxBody = int64(size)
+		case "get_stream":
+			h.GetStream = val
+		default:
+			return d.Errf("unrecognized mcp_serializer setting %q", setting)
+		}
+		if err != nil {
+			return d.Errf("%s: %v", setting, err)
+		}
+		if d.NextArg() {
+			return d.Errf("%s takes one value", setting)
+		}
+	}
+	return nil
+}
+
+func parseDuration(s string) (caddy.Duration, error) {
+	d, err := caddy.ParseDuration(s)
+	return caddy.Duration(d), err
+}
+
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

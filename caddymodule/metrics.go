@@ -1,0 +1,101 @@
+package caddymodule
+
+import (
+	"errors"
+
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+// metrics are made once and registered into each config's registry.
+// Labels are bounded sets; a session id is never one.
+var metrics = struct {
+	sessions    prometheus.GaugeFunc
+	queueWait   prometheus.Histogram
+	gateHolds   prometheus.Counter
+	gateTimeout *prometheus.CounterVec
+	rejections  *prometheus.CounterVec
+	bypasses    *prometheus.CounterVec
+	evictions   prometheus.Counter
+}{}
+
+func init() {
+	const ns, sub = "caddy", "mcp_serializer"
+	metrics.sessions = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "sessions",
+		Help: "MCP sessions tracked, across all session tables.",
+	}, trackedSessions)
+	metrics.queueWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "queue_wait_seconds",
+		Help:    "Time a request waited for its session's turn (queue and gate) before going upstream.",
+		Buckets: []float64{0.0001, 0.001, 0.005, 0.025, 0.1, 0.5, 1, 2.5, 10, 30},
+	})
+	metrics.gateHolds = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "gate_holds_total",
+		Help: "Requests held until their session's notifications/initialized was acknowledged.",
+	})
+	metrics.gateTimeout = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "gate_timeouts_total",
+		Help: "Sessions whose notifications/initialized was not acknowledged within init_timeout, by action taken.",
+	}, []string{"action"})
+	metrics.rejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "rejections_total",
+		Help: "Requests answered locally and not forwarded, by reason.",
+	}, []string{"reason"})
+	metrics.bypasses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "bypasses_total",
+		Help: "Requests forwarded without waiting: sessionless (no Mcp-Session-Id) or overtake (replies beside a streaming exchange).",
+	}, []string{"kind"})
+	metrics.evictions = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "evictions_total",
+		Help: "Idle sessions forgotten to stay within max_sessions.",
+	})
+}
+
+func registerMetrics(registry *prometheus.Registry) {
+	if registry == nil {
+		return
+	}
+	for _, c := range []prometheus.Collector{
+		metrics.sessions, metrics.queueWait, metrics.gateHolds, metrics.gateTimeout,
+		metrics.rejections, metrics.bypasses, metrics.evictions,
+	} {
+		if err := registry.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				panic(err)
+			}
+		}
+	}
+}
+
+// trackedSessions sums the sessions of every live table, at scrape time.
+func trackedSessions() float64 {
+	n := 0
+	tables.Range(func(_, v any) bool {
+		n += v.(pooledTable).Len()
+		return true
+	})
+	return float64(n)
+}
+
+// events turns a table's events into metrics and log lines.
+type events struct {
+	logger *zap.Logger
+}
+
+func (events) Waited(d time.Duration) { metrics.queueWait.Observe(d.Seconds()) }
+
+func (events) Held() { metrics.gateHolds.Inc() }
+
+func (e events) GateTimedOut(id string, action serializer.TimeoutAction) {
+	metrics.gateTimeout.WithLabelValues(action.String()).Inc()
+	e.logger.Warn("notifications/initialized not acknowledged within init_timeout",
+		zap.String("session", sessionHash(id)), zap.Stringer("action", action))
+}
+
+func (events) Evicted() { metrics.evictions.Inc() }

@@ -1,0 +1,182 @@
+// Package caddymodule registers mcp_serializer, the Caddy HTTP handler that
+// runs each MCP session's requests one at a time in arrival order and holds
+// a new session's messages until the upstream has acknowledged
+// notifications/initialized. The scheduling lives in package serializer.
+package caddymodule
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Get-stream modes.
+const (
+	getStreamForward = "forward"
+	getStreamReject  = "reject"
+)
+
+const defaultMaxBody = 1 << 20
+
+// Handler is the mcp_serializer HTTP handler. Handlers with the same Name
+// share one session table, which survives config reloads.
+type Handler struct {
+	// Name of the session table; handlers with different names keep
+	// independent sessions. Default: one shared table.
+	Name string `json:"name,omitempty"`
+	// How long a new session's messages are held waiting for the upstream
+	// to acknowledge notifications/initialized. Default: 10s.
+	InitTimeout caddy.Duration `json:"init_timeout,omitempty"`
+	// What happens to held messages at init_timeout: forward, synthesize
+	// or reject. Default: forward.
+	OnInitTimeout string `json:"on_init_timeout,omitempty"`
+	// Longest wait for a request's turn, in the queue or at the gate,
+	// before it is answered 503. Default: 30s.
+	QueueTimeout caddy.Duration `json:"queue_timeout,omitempty"`
+	// Requests waiting per session before new ones get 429. Default: 32.
+	MaxQueue int `json:"max_queue,omitempty"`
+	// Sessions tracked before idle ones are evicted. Default: 100000.
+	MaxSessions int `json:"max_sessions,omitempty"`
+	// Idle time after which a session is forgotten. Default: 1h.
+	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
+	// Bytes of a POST body read to classify it; larger bodies are
+	// streamed through as ordinary messages. Default: 1 MiB.
+	MaxBody int64 `json:"max_body,omitempty"`
+	// What to do with the server-to-client GET stream: forward (after the
+	// gate opens) or reject with 405. Default: forward.
+	GetStream string `json:"get_stream,omitempty"`
+
+	onInitTimeout serializer.TimeoutAction
+	table         *serializer.Table
+	poolKey       string
+	logger        *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.mcp_serializer",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision applies defaults, validates the settings and attaches the
+// handler to its session table, creating it or reconfiguring it in place.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	cfg, err := h.config()
+	if err != nil {
+		return err
+	}
+	h.onInitTimeout = cfg.OnInitTimeout
+	registerMetrics(ctx.GetMetricsRegistry())
+	cfg.Events = events{logger: h.logger}
+
+	h.poolKey = "mcp_serializer/" + h.Name
+	val, loaded, err := tables.LoadOrNew(h.poolKey, func() (caddy.Destructor, error) {
+		return pooledTable{serializer.NewTable(cfg)}, nil
+	})
+	if err != nil {
+		return err
+	}
+	h.table = val.(pooledTable).Table
+	if loaded {
+		h.table.Configure(cfg)
+	}
+	return nil
+}
+
+// config fills in defaults and checks every setting, naming it on error.
+func (h *Handler) config() (serializer.Config, error) {
+	cfg := serializer.Defaults()
+	if h.InitTimeout != 0 {
+		cfg.InitTimeout = time.Duration(h.InitTimeout)
+	}
+	if h.OnInitTimeout != "" {
+		a, err := serializer.ParseTimeoutAction(h.OnInitTimeout)
+		if err != nil {
+			return cfg, fmt.Errorf("on_init_timeout: %w", err)
+		}
+		cfg.OnInitTimeout = a
+	}
+	if h.QueueTimeout != 0 {
+		cfg.QueueTimeout = time.Duration(h.QueueTimeout)
+	}
+	if h.MaxQueue != 0 {
+		cfg.MaxQueue = h.MaxQueue
+	}
+	if h.MaxSessions != 0 {
+		cfg.MaxSessions = h.MaxSessions
+	}
+	if h.SessionTTL != 0 {
+		cfg.SessionTTL = time.Duration(h.SessionTTL)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	switch {
+	case h.MaxBody == 0:
+		h.MaxBody = defaultMaxBody
+	case h.MaxBody < 0:
+		return cfg, fmt.Errorf("max_body must be positive, got %d", h.MaxBody)
+	}
+	switch h.GetStream {
+	case "":
+		h.GetStream = getStreamForward
+	case getStreamForward, getStreamReject:
+	default:
+		return cfg, fmt.Errorf("get_stream: unknown mode %q (want forward or reject)", h.GetStream)
+	}
+	return cfg, nil
+}
+
+// Validate is a no-op: Provision checks the settings, since it must fill
+// in defaults first.
+func (h *Handler) Validate() error { return nil }
+
+// Cleanup releases this config's hold on the session table; the table
+// stops when no config uses it.
+func (h *Handler) Cleanup() error {
+	_, err := tables.Delete(h.poolKey)
+	return err
+}
+
+// tables holds the session tables by name across config reloads.
+var tables = caddy.NewUsagePool()
+
+// pooledTable lets the usage pool stop a table's janitor.
+type pooledTable struct{ *serializer.Table }
+
+func (t pooledTable) Destruct() error {
+	t.Close()
+	return nil
+}
+
+// sessionHash is the form of a session id fit for logs: the id itself is a
+// bearer credential.
+func sessionHash(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(sum[:6])
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ caddy.Destructor            = pooledTable{}
+	_ http.Flusher                = (*exchangeWriter)(nil)
+)

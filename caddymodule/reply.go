@@ -1,0 +1,56 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// JSON-RPC error codes used in local replies.
+const (
+	codeInvalidRequest = -32600
+	codeServerError    = -32000
+)
+
+// reject answers a request locally with a JSON-RPC error, counts it by
+// reason and forwards nothing. id is the raw id of the request being
+// answered, or nil when it is unknown.
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, reason string, status, code int, message string, id []byte) error {
+	metrics.rejections.WithLabelValues(reason).Inc()
+	if c := h.logger.Check(zapcore.DebugLevel, "request answered locally"); c != nil {
+		fields := []zap.Field{zap.String("reason", reason), zap.Int("status", status), zap.String("method", r.Method)}
+		if sid := r.Header.Get(sessionHeader); sid != "" {
+			fields = append(fields, zap.String("session", sessionHash(sid)))
+		}
+		c.Write(fields...)
+	}
+	body := jsonRPCError(code, "mcp_serializer: "+message, id)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, err := w.Write(body)
+	return err
+}
+
+// jsonRPCError encodes an error response; a nil id is written as null, as
+// JSON-RPC requires when the request's id is unknown.
+func jsonRPCError(code int, message string, id []byte) []byte {
+	if len(id) == 0 {
+		id = []byte("null")
+	}
+	body, _ := json.Marshal(struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}{JSONRPC: "2.0", ID: id, Error: struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}{code, message}})
+	return body
+}

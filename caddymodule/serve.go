@@ -1,0 +1,210 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+const (
+	sessionHeader   = "Mcp-Session-Id"
+	maxSessionIDLen = 256
+)
+
+// ServeHTTP schedules requests that carry a session id and watches
+// session-less POSTs for the response that creates a session.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	ids := r.Header.Values(sessionHeader)
+	if len(ids) == 0 {
+		if r.Method != http.MethodPost {
+			metrics.bypasses.WithLabelValues("sessionless").Inc()
+			return next.ServeHTTP(w, r)
+		}
+		return h.serveSessionless(w, r, next)
+	}
+	if len(ids) > 1 || !validSessionID(ids[0]) {
+		return h.reject(w, r, "invalid_session_id", http.StatusBadRequest, codeInvalidRequest,
+			"invalid Mcp-Session-Id: want one value of 1 to 256 visible ASCII characters", nil)
+	}
+	id := ids[0]
+	switch r.Method {
+	case http.MethodGet:
+		return h.serveGetStream(w, r, next, id)
+	case http.MethodDelete:
+		return h.serveInTurn(w, r, next, id, serializer.EndsSession, nil)
+	case http.MethodPost:
+		traits, reqID, err := h.readBody(r)
+		if err != nil {
+			return h.rejectBody(w, r, err)
+		}
+		return h.serveInTurn(w, r, next, id, traits, reqID)
+	}
+	return h.serveInTurn(w, r, next, id, 0, nil)
+}
+
+// validSessionID enforces the spec's charset (visible ASCII) and a length
+// bound, since the id keys memory we hold.
+func validSessionID(id string) bool {
+	if len(id) == 0 || len(id) > maxSessionIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// serveSessionless forwards a POST without a session untouched, body
+// unread, watching for a response that creates a session.
+func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	ew := &exchangeWriter{
+		ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+		begin:                 &sessionStart{h: h, r: r, next: next},
+	}
+	// Deferred so that a panic downstream still frees the new session's slot.
+	defer func() { ew.turn.Done(ew.status) }()
+	err := next.ServeHTTP(ew, r)
+	ew.settleStatus(err)
+	if ew.turn == (serializer.Turn{}) {
+		metrics.bypasses.WithLabelValues("sessionless").Inc()
+	}
+	return err
+}
+
+// beginSession starts a gated session if the response to a session-less
+// POST carries a new Mcp-Session-Id (only an InitializeResult may), before
+// the client can see the id. The returned turn holds the session's slot
+// until the initialize response ends.
+func (h *Handler) beginSession(status int, header http.Header, r *http.Request, next caddyhttp.Handler) serializer.Turn {
+	id := header.Get(sessionHeader)
+	if status < 200 || status > 299 || !validSessionID(id) {
+		return serializer.Turn{}
+	}
+	turn, ok := h.table.Begin(id, h.synthesizer(r, next, id))
+	if ok {
+		if c := h.logger.Check(zapcore.DebugLevel, "session created, held until initialized"); c != nil {
+			c.Write(zap.String("session", sessionHash(id)))
+		}
+	}
+	return turn
+}
+
+// serveInTurn forwards the request once it is the session's turn.
+func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, traits serializer.Traits, reqID []byte) error {
+	turn, err := h.table.Acquire(r.Context(), id, traits)
+	if err != nil {
+		return h.rejectWait(w, r, id, err, reqID)
+	}
+	if turn.Overtook() {
+		metrics.bypasses.WithLabelValues("overtake").Inc()
+	}
+	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, turn: turn}
+	// Deferred so that a panic downstream still frees the slot.
+	defer func() { ew.turn.Done(ew.status) }()
+	err = next.ServeHTTP(ew, r)
+	ew.settleStatus(err)
+	return err
+}
+
+// serveGetStream lets the server-to-client stream through once the gate is
+// open; it never takes the session's slot.
+func (h *Handler) serveGetStream(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
+	if h.GetStream == getStreamReject {
+		w.Header().Set("Allow", "POST, DELETE")
+		return h.reject(w, r, "get_stream", http.StatusMethodNotAllowed, codeServerError,
+			"the GET event stream is disabled here (get_stream reject); use POST", nil)
+	}
+	if err := h.table.WaitGate(r.Context(), id); err != nil {
+		return h.rejectWait(w, r, id, err, nil)
+	}
+	return next.ServeHTTP(w, r)
+}
+
+func isEventStream(h http.Header) bool {
+	return strings.HasPrefix(strings.TrimSpace(h.Get("Content-Type")), "text/event-stream")
+}
+
+// errBodyTooLarge is raised by Caddy's request_body limit, if configured.
+var errBodyTooLarge *http.MaxBytesError
+
+// readBody reads the POST body (up to MaxBody) to classify it, then hands
+// the upstream the same bytes with an exact Content-Length: php-fpm needs
+// one. A larger body is not parsed and streams through as it came.
+func (h *Handler) readBody(r *http.Request) (serializer.Traits, []byte, error) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > h.MaxBody {
+		return 0, nil, nil
+	}
+	var buf []byte
+	if r.ContentLength >= 0 {
+		buf = make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, buf); err != nil {
+			return 0, nil, err
+		}
+	} else {
+		var err error
+		buf, err = io.ReadAll(io.LimitReader(r.Body, h.MaxBody+1))
+		if err != nil {
+			return 0, nil, err
+		}
+		if int64(len(buf)) > h.MaxBody {
+			r.Body = struct {
+				io.Reader
+				io.Closer
+			}{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
+			return 0, nil, nil
+		}
+	}
+	r.Body = io.NopCloser(bytes.NewReader(buf))
+	r.ContentLength = int64(len(buf))
+	r.TransferEncoding = nil
+	r.Header.Del("Transfer-Encoding")
+	r.Header.Set("Content-Length", strconv.Itoa(len(buf)))
+	traits, reqID := serializer.Classify(buf)
+	return traits, reqID, nil
+}
+
+// rejectBody answers a body that could not be read; nothing was forwarded.
+func (h *Handler) rejectBody(w http.ResponseWriter, r *http.Request, err error) error {
+	if errors.As(err, &errBodyTooLarge) {
+		return h.reject(w, r, "body_too_large", http.StatusRequestEntityTooLarge, codeInvalidRequest,
+			"request body too large", nil)
+	}
+	return h.reject(w, r, "body_read", http.StatusBadRequest, codeInvalidRequest,
+		"could not read the request body: "+err.Error(), nil)
+}
+
+// rejectWait answers a request that did not get its turn.
+func (h *Handler) rejectWait(w http.ResponseWriter, r *http.Request, id string, err error, reqID []byte) error {
+	switch {
+	case errors.Is(err, serializer.ErrQueueFull):
+		return h.reject(w, r, "queue_full", http.StatusTooManyRequests, codeServerError,
+			"too many requests waiting in this MCP session (max_queue)", reqID)
+	case errors.Is(err, serializer.ErrQueueTimeout):
+		w.Header().Set("Retry-After", "1")
+		return h.reject(w, r, "queue_timeout", http.StatusServiceUnavailable, codeServerError,
+			"timed out waiting for this MCP session's earlier requests (queue_timeout)", reqID)
+	case errors.Is(err, serializer.ErrNotInitialized):
+		return h.reject(w, r, "not_initialized", http.StatusBadRequest, codeInvalidRequest,
+			"Client session not initialized: notifications/initialized was not acknowledged within init_timeout", reqID)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The client left while waiting: nothing to answer, nothing forwarded.
+		metrics.rejections.WithLabelValues("client_gone").Inc()
+		if c := h.logger.Check(zapcore.DebugLevel, "client left while waiting for its turn"); c != nil {
+			c.Write(zap.String("session", sessionHash(id)))
+		}
+		return nil
+	}
+	return err
+}
