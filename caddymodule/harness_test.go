@@ -1,0 +1,211 @@
+package caddymodule_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+)
+
+// testCaddy is Caddy running in this process with one site.
+type testCaddy struct {
+	url       string // the site
+	admin     string // the admin API
+	port      int
+	adminPort int
+}
+
+// startCaddy runs a site with the given directives at http://127.0.0.1:port
+// in this process's Caddy, stopped when the test ends. Tests using it must
+// not run in parallel: Caddy's running config is process-wide.
+func startCaddy(t *testing.T, site string) *testCaddy {
+	t.Helper()
+	c := &testCaddy{port: freePort(t), adminPort: freePort(t)}
+	c.url = fmt.Sprintf("http://127.0.0.1:%d", c.port)
+	c.admin = fmt.Sprintf("http://127.0.0.1:%d", c.adminPort)
+	cfg := c.adapt(t, site)
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading Caddy config: %v\n%s", err, cfg)
+	}
+	t.Cleanup(func() {
+		if err := caddy.Stop(); err != nil {
+			t.Errorf("stopping Caddy: %v", err)
+		}
+	})
+	return c
+}
+
+// caddyfile returns the full Caddyfile for a site body.
+func (c *testCaddy) caddyfile(site string) string {
+	return fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	auto_https off
+	persist_config off
+	log {
+		output discard
+	}
+}
+http://127.0.0.1:%d {
+%s
+}
+`, c.adminPort, c.port, site)
+}
+
+func (c *testCaddy) adapt(t *testing.T, site string) []byte {
+	t.Helper()
+	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(c.caddyfile(site)), nil)
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v", err)
+	}
+	for _, w := range warnings {
+		if !strings.Contains(w.Message, "not formatted") {
+			t.Logf("Caddyfile warning: %s", w.Message)
+		}
+	}
+	return cfg
+}
+
+// reload replaces the site's config through the admin API, as
+// `caddy reload` does.
+func (c *testCaddy) reload(t *testing.T, site string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, c.admin+"/load", strings.NewReader(c.caddyfile(site)))
+	req.Header.Set("Content-Type", "text/caddyfile")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		t.Fatalf("reload: %s: %s", resp.Status, body)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// upstream is a scripted MCP upstream that records what reaches it.
+type upstream struct {
+	mu      sync.Mutex
+	seen    []seenRequest
+	arrived chan seenRequest // every request, as it arrives
+	// answer writes the response; nil answers 200 {"jsonrpc":"2.0","id":1,"result":{}}.
+	answer func(w http.ResponseWriter, r *http.Request, body []byte)
+}
+
+type seenRequest struct {
+	Method           string
+	Body             []byte
+	ContentLength    int64
+	TransferEncoding []string
+	Header           http.Header
+}
+
+func newUpstream(t *testing.T, answer func(http.ResponseWriter, *http.Request, []byte)) (*upstream, string) {
+	u := &upstream{answer: answer, arrived: make(chan seenRequest, 1024)}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: u}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return u, l.Addr().String()
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	s := seenRequest{r.Method, body, r.ContentLength, r.TransferEncoding, r.Header.Clone()}
+	u.mu.Lock()
+	u.seen = append(u.seen, s)
+	u.mu.Unlock()
+	u.arrived <- s
+	if u.answer != nil {
+		u.answer(w, r, body)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+}
+
+func (u *upstream) requests() []seenRequest {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]seenRequest(nil), u.seen...)
+}
+
+// next returns the next request to arrive, failing after five seconds.
+func (u *upstream) next(t *testing.T) seenRequest {
+	t.Helper()
+	select {
+	case s := <-u.arrived:
+		return s
+	case <-time.After(5 * time.Second):
+		t.Fatal("no request reached the upstream within 5s")
+		return seenRequest{}
+	}
+}
+
+// post sends a JSON-RPC body in session id ("" for none).
+func post(t *testing.T, url, id, body string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if id != "" {
+		req.Header.Set("Mcp-Session-Id", id)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST: %v", err)
+	}
+	return resp
+}
+
+// rpcError is the error member of a JSON-RPC error response.
+type rpcError struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Error   struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// expectRPCError checks a local error reply: status, JSON-RPC shape, id.
+func expectRPCError(t *testing.T, resp *http.Response, status int, id string) rpcError {
+	t.Helper()
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != status {
+		t.Fatalf("status = %d, want %d (body %s)", resp.StatusCode, status, body)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("Content-Type = %q, want application/json", ct)
+	}
+	var e rpcError
+	if err := json.Unmarshal(body, &e); err != nil || e.JSONRPC != "2.0" || e.Error.Code == 0 || e.Error.Message == "" {
+		t.Fatalf("not a JSON-RPC error: %s (%v)", body, err)
+	}
+	if !bytes.Equal(e.ID, []byte(id)) {
+		t.Fatalf("error id = %s, want %s", e.ID, id)
+	}
+	return e
+}
