@@ -8,21 +8,56 @@ CADDY        := $(BIN)/caddy
 # The module proxy here answers 403 for paths it does not serve; "|off" makes
 # that a not-found so xcaddy's --replace of this checkout is used.
 LOCAL_GOPROXY := $(shell go env GOPROXY | cut -d, -f1)|off
-GO_SOURCES   := $(shell find . -name '*.go' -not -path './bin/*' -not -path '*/node_modules/*') go.mod go.sum
+# What the Caddy binary is built from (tests excluded), and the demo backend.
+CADDY_SOURCES := $(filter-out %_test.go,$(wildcard caddymodule/*.go serializer/*.go)) go.mod go.sum
+DEMO_SOURCES  := $(filter-out %_test.go,$(wildcard examples/demo-backend/*.go integration/mcpstub/*.go)) go.mod
 
 export MCP_SERIALIZER_CADDY := $(CADDY)
 
-.PHONY: run test unit integration fuzz bench caddy clean
+DEMO         := $(BIN)/demo-backend
+CLIENT_DEPS  := integration/client/node_modules/.package-lock.json
+DEMO_LISTEN  := 127.0.0.1:9081
+
+.PHONY: run test lint fuzz bench caddy clean
 
 $(XCADDY):
 	GOBIN=$(BIN) go install github.com/caddyserver/xcaddy/cmd/xcaddy@$(XCADDY_VERSION)
 
 # Caddy with this checkout's module, the way users build it (plus --replace).
-$(CADDY): $(XCADDY) $(GO_SOURCES)
+$(CADDY): $(XCADDY) $(CADDY_SOURCES)
 	GOPROXY="$(LOCAL_GOPROXY)" $(XCADDY) build $(CADDY_VERSION) \
 		--with $(MODULE)/caddymodule --replace $(MODULE)=$(CURDIR) --output $(CADDY)
 
 caddy: $(CADDY)
+
+$(DEMO): $(DEMO_SOURCES)
+	go build -o $(DEMO) ./examples/demo-backend
+
+# The demo: the bundled backend (concurrent workers saving whole session
+# records) with Caddy and mcp_serializer in front, per xcaddy.Caddyfile.
+run: $(CADDY) $(DEMO)
+	@$(DEMO) -listen $(DEMO_LISTEN) & demo=$$!; \
+	trap 'kill $$demo 2>/dev/null' EXIT INT TERM; \
+	echo; \
+	echo "  MCP endpoint (through mcp_serializer): http://localhost:8080/mcp"; \
+	echo "  demo backend, direct:                  http://$(DEMO_LISTEN)/mcp"; \
+	echo "  compare: $(DEMO) -drive http://$(DEMO_LISTEN)/mcp -n 200"; \
+	echo "           $(DEMO) -drive http://localhost:8080/mcp -n 200"; \
+	echo; \
+	$(CADDY) run --config xcaddy.Caddyfile --adapter caddyfile
+
+# The MCP TypeScript SDK client used by the integration tests.
+$(CLIENT_DEPS): integration/client/package.json integration/client/package-lock.json
+	npm ci --prefix integration/client --no-audit --no-fund
+
+lint:
+	@test -z "$$(gofmt -l . | grep -v node_modules)" || { gofmt -l . | grep -v node_modules; echo "gofmt needed"; exit 1; }
+	go vet ./...
+
+# Everything CI runs: lint, then every test (unit, in-process Caddy, and
+# the real Caddy binary with PHP-FPM and the SDK client) with -race.
+test: lint $(CADDY) $(CLIENT_DEPS)
+	go test -race -timeout 30m ./...
 
 clean:
 	rm -rf $(BIN)
