@@ -1,0 +1,395 @@
+#!/usr/bin/env node
+// MCP client driver for the integration tests, built on the official
+// TypeScript SDK (@modelcontextprotocol/sdk).
+//
+//   node client.mjs flow     --url URL [--n 5] [--expect-get]
+//   node client.mjs pipeline --url URL [--n 200] [--concurrency 8] [--get open|skip]
+//
+// Human-readable progress goes to stderr; the last line on stdout is one JSON
+// object with the results, for the Go tests to parse.
+//
+// flow: the SDK's ordinary client: connect, tools/list, tools/call on `echo`
+//   and on `slow_count` (an SSE response with progress notifications, timed
+//   on arrival), then DELETE (terminateSession) and close. The SDK opens the
+//   GET stream by itself once `notifications/initialized` got its 202; with
+//   --expect-get the flow waits until that GET has been answered and reports
+//   its status (a 405 is tolerated by the SDK).
+//
+// pipeline: N connects, `--concurrency` of them in flight, each driving the
+//   SDK's StreamableHTTPClientTransport directly, the way the MCP Inspector's
+//   proxy does: `initialize` (awaited); then `notifications/initialized`,
+//   `logging/setLevel` and `tools/list`, each sent without awaiting the one
+//   before; once all are answered, a later `tools/list` on the same session;
+//   then DELETE. Counts rejections (-32600), HTTP errors by method and status,
+//   replies whose ids differ from their request's ids, and broken sessions
+//   (the later tools/list fails). --get skip answers the SDK's GET locally
+//   with 405 (as a server without a GET stream would), so that GET streams
+//   do not pin PHP-FPM workers.
+
+import { performance } from 'node:perf_hooks';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { LATEST_PROTOCOL_VERSION } from '@modelcontextprotocol/sdk/types.js';
+
+const REPLY_TIMEOUT_MS = 20000;
+const MAX_SAMPLES = 20;
+
+function parseArgs(argv) {
+  const [mode, ...rest] = argv;
+  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false };
+  for (let i = 0; i < rest.length; i++) {
+    const arg = rest[i];
+    const next = () => {
+      if (i + 1 >= rest.length) throw new Error(`${arg} needs a value`);
+      return rest[++i];
+    };
+    switch (arg) {
+      case '--url': opts.url = next(); break;
+      case '--n': opts.n = Number.parseInt(next(), 10); break;
+      case '--concurrency': opts.concurrency = Number.parseInt(next(), 10); break;
+      case '--get': opts.get = next(); break;
+      case '--expect-get': opts.expectGet = true; break;
+      default: throw new Error(`unknown argument ${arg}`);
+    }
+  }
+  if (mode !== 'flow' && mode !== 'pipeline') throw new Error('mode must be flow or pipeline');
+  if (!opts.url) throw new Error('--url is required');
+  if (opts.get !== 'open' && opts.get !== 'skip') throw new Error('--get must be open or skip');
+  if (!(opts.concurrency >= 1)) throw new Error('--concurrency must be >= 1');
+  return opts;
+}
+
+const t0 = performance.now();
+const now = () => Math.round((performance.now() - t0) * 10) / 10;
+const log = (...parts) => process.stderr.write(`[${now().toFixed(1).padStart(9)} ms] ${parts.join(' ')}\n`);
+
+function idsOf(message) {
+  const list = Array.isArray(message) ? message : [message];
+  return list.filter((m) => m && typeof m === 'object' && 'id' in m && m.id !== null && m.id !== undefined).map((m) => m.id);
+}
+
+function requestIdsOf(body) {
+  let parsed;
+  try {
+    parsed = JSON.parse(body);
+  } catch {
+    return [];
+  }
+  const list = Array.isArray(parsed) ? parsed : [parsed];
+  return list.filter((m) => m && typeof m === 'object' && typeof m.method === 'string' && 'id' in m).map((m) => m.id);
+}
+
+const sameIds = (a, b) => {
+  const x = a.map(String).sort();
+  const y = b.map(String).sort();
+  return x.length === y.length && x.every((v, i) => v === y[i]);
+};
+
+// A fetch for the SDK transport that records every HTTP exchange and checks
+// that a JSON reply carries exactly the ids of the requests it answers.
+function recordingFetch(stats, { skipGet = false } = {}) {
+  return async (input, init = {}) => {
+    const method = (init.method ?? 'GET').toUpperCase();
+    if (method === 'GET' && skipGet) {
+      const response = new Response(null, { status: 405, statusText: 'Method Not Allowed' });
+      stats.exchanges.push({ method, status: 405, at: now(), local: true });
+      return response;
+    }
+    const requestIds = method === 'POST' && typeof init.body === 'string' ? requestIdsOf(init.body) : [];
+    let response;
+    try {
+      response = await fetch(input, init);
+    } catch (err) {
+      if (err?.name !== 'AbortError') {
+        stats.exchanges.push({ method, status: 'network', at: now(), error: String(err?.message ?? err) });
+      }
+      throw err;
+    }
+    const contentType = response.headers.get('content-type') ?? '';
+    const exchange = { method, status: response.status, at: now(), contentType: contentType.split(';')[0].trim() };
+    if (requestIds.length > 0) exchange.requestIds = requestIds;
+    stats.exchanges.push(exchange);
+    if (requestIds.length > 0 && response.ok && contentType.startsWith('application/json')) {
+      try {
+        const replyIds = idsOf(await response.clone().json());
+        if (!sameIds(requestIds, replyIds)) {
+          exchange.idMismatch = { requestIds, replyIds };
+        }
+      } catch (err) {
+        exchange.idMismatch = { requestIds, replyIds: [], error: String(err?.message ?? err) };
+      }
+    }
+    return response;
+  };
+}
+
+const noReconnect = {
+  initialReconnectionDelay: 1000,
+  maxReconnectionDelay: 1000,
+  reconnectionDelayGrowFactor: 1,
+  maxRetries: 0,
+};
+
+async function waitFor(predicate, timeoutMs) {
+  const deadline = Date.now() + timeoutMs;
+  while (!predicate()) {
+    if (Date.now() > deadline) return false;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  return true;
+}
+
+async function flow(opts) {
+  const n = opts.n ?? 5;
+  const stats = { exchanges: [] };
+  const transportErrors = [];
+  const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
+    fetch: recordingFetch(stats),
+    reconnectionOptions: noReconnect,
+  });
+  const client = new Client({ name: 'mcp-serializer-flow', version: '1.0.0' });
+  client.onerror = (err) => {
+    // Closing the client aborts an open GET stream; that is not an error of the flow.
+    const text = String(err?.message ?? err);
+    if (!/abort/i.test(text)) transportErrors.push(text);
+  };
+
+  const out = { mode: 'flow', ok: false };
+  await client.connect(transport);
+  out.sessionId = transport.sessionId ?? '';
+  out.protocolVersion = transport.protocolVersion ?? '';
+  log('connected, session', out.sessionId ? `${out.sessionId.slice(0, 6)}…` : '(none)');
+
+  const tools = await client.listTools();
+  out.tools = tools.tools.map((tool) => tool.name);
+  log('tools/list:', out.tools.join(', '));
+
+  const echo = await client.callTool({ name: 'echo', arguments: { text: 'hello through caddy' } });
+  out.echo = echo.content?.[0]?.text ?? '';
+  log('echo ->', JSON.stringify(out.echo));
+
+  const progress = [];
+  out.callStartedAt = now();
+  log(`slow_count n=${n} started`);
+  const slow = await client.callTool({ name: 'slow_count', arguments: { n } }, undefined, {
+    timeout: 30000,
+    onprogress: (p) => {
+      const entry = { progress: p.progress, total: p.total, message: p.message ?? '', at: now() };
+      progress.push(entry);
+      log(`progress ${p.progress}/${p.total}`);
+    },
+  });
+  out.resultAt = now();
+  out.slowResult = slow.content?.[0]?.text ?? '';
+  out.progress = progress;
+  log('slow_count result ->', JSON.stringify(out.slowResult));
+
+  if (opts.expectGet) {
+    const seen = await waitFor(() => stats.exchanges.some((e) => e.method === 'GET'), 10000);
+    if (!seen) transportErrors.push('the SDK did not open the GET stream within 10s');
+  }
+  out.getStatuses = stats.exchanges.filter((e) => e.method === 'GET').map((e) => e.status);
+  log('GET stream statuses:', JSON.stringify(out.getStatuses));
+
+  await transport.terminateSession();
+  log('session terminated (DELETE)');
+  await client.close();
+
+  out.exchanges = stats.exchanges;
+  out.transportErrors = transportErrors;
+  out.idMismatches = stats.exchanges.filter((e) => e.idMismatch).length;
+  out.ok = transportErrors.length === 0 && out.idMismatches === 0;
+  return out;
+}
+
+// One pipelined connect; returns its outcome and adds to the run's counters.
+async function pipelineConnect(opts, run) {
+  const stats = { exchanges: [] };
+  const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
+    fetch: recordingFetch(stats, { skipGet: opts.get === 'skip' }),
+    reconnectionOptions: noReconnect,
+  });
+  const waiters = new Map();
+  transport.onmessage = (message) => {
+    if (message && 'id' in message && ('result' in message || 'error' in message)) {
+      const resolve = waiters.get(message.id);
+      if (resolve) {
+        waiters.delete(message.id);
+        resolve(message);
+      } else {
+        run.unexpectedReplies += 1;
+      }
+    }
+  };
+  transport.onerror = () => {}; // failures are counted from the exchanges and replies below
+  await transport.start();
+
+  const request = (id, method, params) => {
+    const reply = new Promise((resolve) => {
+      // The timer also keeps the process alive while a lost reply is awaited.
+      const timer = setTimeout(() => {
+        if (waiters.delete(id)) resolve(undefined);
+      }, REPLY_TIMEOUT_MS);
+      waiters.set(id, (message) => {
+        clearTimeout(timer);
+        resolve(message);
+      });
+    });
+    const sent = transport.send({ jsonrpc: '2.0', id, method, params });
+    const giveUp = () => {
+      const resolve = waiters.get(id);
+      if (resolve) {
+        waiters.delete(id);
+        resolve(undefined);
+      }
+    };
+    sent.then(
+      () => {
+        // A JSON reply has been delivered before send() resolves: if it did
+        // not carry this id, the reply went elsewhere. (SSE replies come later.)
+        const ex = stats.exchanges.find((e) => e.requestIds?.includes(id));
+        if (ex && ex.contentType === 'application/json') giveUp();
+      },
+      giveUp, // an HTTP error: no reply will come for this id
+    );
+    return { sent, reply };
+  };
+
+  const problems = [];
+  const noteReply = (what, reply) => {
+    if (reply === undefined) {
+      problems.push(`${what}: no reply`);
+      return false;
+    }
+    if (reply.error) {
+      if (reply.error.code === -32600) run.rejections += 1;
+      problems.push(`${what}: error ${reply.error.code} ${reply.error.message}`);
+      return false;
+    }
+    return true;
+  };
+
+  try {
+    const init = request(0, 'initialize', {
+      protocolVersion: LATEST_PROTOCOL_VERSION,
+      capabilities: {},
+      clientInfo: { name: 'mcp-serializer-pipeline', version: '1.0.0' },
+    });
+    await init.sent.catch(() => {});
+    const initReply = await init.reply;
+    if (!noteReply('initialize', initReply) || !transport.sessionId) {
+      run.failedConnects += 1;
+      return problems.length ? problems : ['initialize: no session id'];
+    }
+    transport.setProtocolVersion(initReply.result.protocolVersion);
+    run.connects += 1;
+
+    // What the Inspector's proxy does: forward `initialized` without waiting
+    // for it, and the client's next requests right behind it.
+    const initialized = transport.send({ jsonrpc: '2.0', method: 'notifications/initialized' });
+    const setLevel = request(1, 'logging/setLevel', { level: 'info' });
+    const firstList = request(2, 'tools/list', {});
+    await Promise.allSettled([initialized, setLevel.sent, firstList.sent]);
+    noteReply('logging/setLevel', await setLevel.reply);
+    noteReply('tools/list', await firstList.reply);
+
+    // A later request on the same session, once all of the above has been
+    // answered: fails if the session was left broken.
+    const list = request(3, 'tools/list', {});
+    await list.sent.catch(() => {});
+    const listReply = await list.reply;
+    if (!noteReply('later tools/list', listReply) || !Array.isArray(listReply.result?.tools)) {
+      run.broken += 1;
+    }
+
+    await transport.terminateSession().catch(() => {});
+  } finally {
+    await transport.close().catch(() => {});
+    for (const e of stats.exchanges) {
+      if (e.idMismatch) {
+        run.idMismatches += 1;
+        problems.push(`${e.method} reply ids ${JSON.stringify(e.idMismatch.replyIds)} for request ids ${JSON.stringify(e.idMismatch.requestIds)}`);
+      }
+      const ok = typeof e.status === 'number' && e.status >= 200 && e.status < 300;
+      if (!ok && !(e.method === 'GET' && e.status === 405)) {
+        const key = `${e.method} ${e.status}`;
+        run.httpErrors[key] = (run.httpErrors[key] ?? 0) + 1;
+        problems.push(`HTTP ${key}`);
+      }
+      if (e.method === 'GET') {
+        const key = String(e.status);
+        run.getStatuses[key] = (run.getStatuses[key] ?? 0) + 1;
+      }
+    }
+  }
+  return problems;
+}
+
+async function pipeline(opts) {
+  const n = opts.n ?? 200;
+  const run = {
+    mode: 'pipeline',
+    n,
+    concurrency: opts.concurrency,
+    get: opts.get,
+    connects: 0,
+    failedConnects: 0,
+    rejections: 0,
+    httpErrors: {},
+    idMismatches: 0,
+    broken: 0,
+    unexpectedReplies: 0,
+    failedSessions: 0,
+    getStatuses: {},
+    samples: [],
+  };
+  let next = 0;
+  let done = 0;
+  const started = performance.now();
+  const worker = async () => {
+    while (next < n) {
+      const index = next++;
+      let problems;
+      try {
+        problems = await pipelineConnect(opts, run);
+      } catch (err) {
+        run.failedConnects += 1;
+        problems = [`connect ${index}: ${err?.message ?? err}`];
+      }
+      if (problems.length > 0) {
+        run.failedSessions += 1;
+        if (run.samples.length < MAX_SAMPLES) run.samples.push(`#${index}: ${problems.join('; ')}`);
+      }
+      done += 1;
+      if (done % 100 === 0 || done === n) log(`${done}/${n} connects, ${run.failedSessions} with failures`);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(opts.concurrency, n) }, worker));
+  run.elapsedMs = Math.round(performance.now() - started);
+  run.httpErrorCount = Object.values(run.httpErrors).reduce((a, b) => a + b, 0);
+  run.failures = run.rejections + run.httpErrorCount + run.idMismatches + run.broken + run.failedConnects + run.unexpectedReplies;
+  run.ok = run.failures === 0 && run.connects === n;
+  return run;
+}
+
+async function main() {
+  let opts;
+  try {
+    opts = parseArgs(process.argv.slice(2));
+  } catch (err) {
+    process.stderr.write(`usage error: ${err.message}\n`);
+    process.stdout.write(`${JSON.stringify({ ok: false, error: err.message })}\n`);
+    process.exit(2);
+  }
+  try {
+    const result = opts.mode === 'flow' ? await flow(opts) : await pipeline(opts);
+    process.stdout.write(`${JSON.stringify(result)}\n`);
+    process.exit(result.ok ? 0 : 1);
+  } catch (err) {
+    log('failed:', err?.stack ?? String(err));
+    process.stdout.write(`${JSON.stringify({ mode: opts.mode, ok: false, error: String(err?.message ?? err) })}\n`);
+    process.exit(1);
+  }
+}
+
+main();

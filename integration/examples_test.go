@@ -1,0 +1,197 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The example Caddyfiles adapt with the module's binary and configure the
+// handler where it belongs: before php_fastcgi / reverse_proxy.
+func TestExampleCaddyfilesAdapt(t *testing.T) {
+	root := repoRoot(t)
+	for _, example := range []string{"laravel", "reverse-proxy"} {
+		t.Run(example, func(t *testing.T) {
+			path := filepath.Join(root, "examples", example, "Caddyfile")
+			out := caddyAdapt(t, path)
+			var config map[string]any
+			if err := json.Unmarshal([]byte(out), &config); err != nil {
+				t.Fatalf("caddy adapt output is not JSON: %v\n%s", err, out)
+			}
+			serializer := strings.Index(out, `"handler":"mcp_serializer"`)
+			upstream := strings.Index(out, `"handler":"reverse_proxy"`)
+			if serializer < 0 || upstream < 0 {
+				t.Fatalf("adapted config lacks mcp_serializer or reverse_proxy:\n%s", out)
+			}
+			if serializer > upstream {
+				t.Errorf("mcp_serializer comes after the first reverse_proxy/php_fastcgi handler:\n%s", out)
+			}
+			if !strings.Contains(out, `"get_stream":"reject"`) && example == "laravel" {
+				t.Errorf("laravel example: get_stream reject missing:\n%s", out)
+			}
+		})
+	}
+}
+
+// The reverse-proxy example, run as written in front of four replicas of the
+// PHP backend (PHP's built-in server, two workers each) that share one
+// session store: pipelined connects see no failure.
+func TestReverseProxyExampleWithReplicas(t *testing.T) {
+	prerequisites(t)
+	root := repoRoot(t)
+	fpmBin := phpFPMBinary(t) // the replicas use the CLI that comes with it
+	store := &phpFPM{
+		PublicDir: filepath.Join(root, "integration", "php", "public"),
+		Dir:       t.TempDir(),
+	}
+	store.Store = filepath.Join(store.Dir, "sessions.sqlite")
+	initStore(t, fpmBin, store)
+	cli, err := exec.LookPath(phpCLIName(fpmBin))
+	if err != nil {
+		t.Fatalf("PHP CLI not found (%v): %s", err, phpFPMInstallHint)
+	}
+
+	var upstreams []string
+	for i := 0; i < 4; i++ {
+		addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+		upstreams = append(upstreams, addr)
+		logPath := filepath.Join(store.Dir, fmt.Sprintf("replica-%d.log", i))
+		dumpOnFailure(t, "replica", logPath)
+		cmd := exec.Command(cli, "-S", addr, "-t", store.PublicDir, filepath.Join(store.PublicDir, "index.php"))
+		cmd.Env = append(os.Environ(),
+			"PHP_CLI_SERVER_WORKERS=2",
+			"MCP_PHP_STORE="+store.Store,
+			"MCP_PHP_WORK_MS=2-8",
+		)
+		p := startProcess(t, "php -S "+addr, cmd, logPath, syscall.SIGTERM, 5*time.Second)
+		waitTCP(t, p, addr, logPath)
+	}
+
+	caddyfile := exampleCaddyfile(t, "reverse-proxy", map[string]string{
+		"{$UPSTREAMS:127.0.0.1:9001 127.0.0.1:9002 127.0.0.1:9003 127.0.0.1:9004}": strings.Join(upstreams, " "),
+	})
+
+	// First without the module: the replicas do race.
+	start := strings.Index(caddyfile, "\t\tmcp_serializer {")
+	end := strings.Index(caddyfile[start:], "\n\t\t}\n")
+	if start < 0 || end < 0 {
+		t.Fatalf("cannot find the mcp_serializer block in the example")
+	}
+	direct := startCaddy(t, caddyfile[:start]+caddyfile[start+end+len("\n\t\t}\n"):])
+	var without pipelineResult
+	runClient(t, 5*time.Minute, &without, "pipeline", "--url", direct+"/mcp", "--n", "100", "--concurrency", "8", "--get", "skip")
+	t.Logf("without mcp_serializer, 100 pipelined connects: %s", without.summary())
+	if without.Connects == 0 || without.Failures == 0 {
+		t.Fatalf("the replicas should race without the module: %s", without.summary())
+	}
+
+	base := startCaddy(t, caddyfile)
+	const n = 300
+	var res pipelineResult
+	// --get skip: each built-in server worker handles one request at a time,
+	// so a GET stream would take a whole worker away.
+	runClient(t, 5*time.Minute, &res, "pipeline", "--url", base+"/mcp", "--n", strconv.Itoa(n), "--concurrency", "8", "--get", "skip")
+	t.Logf("reverse-proxy example, 4 replicas, %d pipelined connects: %s", n, res.summary())
+	logSamples(t, res.Samples)
+	if res.Connects != n || res.Failures != 0 || !res.OK {
+		t.Errorf("want %d connects and no failure, got %s", n, res.summary())
+	}
+}
+
+// The Laravel example, run as written in front of PHP-FPM serving the PHP
+// backend (a stand-in for a Laravel app with php-mcp): pipelined connects see
+// no failure, and the SDK's flow, SSE progress included, works with the GET
+// stream rejected.
+func TestLaravelExampleWithPHPFPM(t *testing.T) {
+	prerequisites(t)
+	fpm := startPHPFPM(t, phpFPMOptions{})
+	caddyfile := exampleCaddyfile(t, "laravel", map[string]string{
+		"{$APP_ROOT:/var/www/app}":                   filepath.Dir(fpm.PublicDir),
+		"{$PHP_FPM_SOCKET:/run/php/php8.2-fpm.sock}": fpm.Socket,
+	})
+	base := startCaddy(t, caddyfile)
+
+	const n = 300
+	var res pipelineResult
+	runClient(t, 5*time.Minute, &res, "pipeline", "--url", base+"/mcp", "--n", strconv.Itoa(n), "--concurrency", "8", "--get", "open")
+	t.Logf("laravel example, %d pipelined connects: %s", n, res.summary())
+	logSamples(t, res.Samples)
+	if res.Connects != n || res.Failures != 0 || !res.OK {
+		t.Errorf("want %d connects and no failure, got %s", n, res.summary())
+	}
+
+	var flow flowResult
+	runClient(t, 2*time.Minute, &flow, "flow", "--url", base+"/mcp", "--expect-get")
+	if !flow.OK {
+		t.Fatalf("flow failed: %s (transport errors %v)", flow.Error, flow.TransportErrors)
+	}
+	checkFlowBasics(t, flow)
+	if len(flow.Progress) == 0 || flow.ResultAt-flow.Progress[0].At < 300 {
+		t.Errorf("progress not streamed ahead of the result: %s, result at %.1f ms", jsonString(flow.Progress), flow.ResultAt)
+	}
+	if len(flow.GetStatuses) != 1 || string(flow.GetStatuses[0]) != "405" {
+		t.Errorf("GET stream statuses: got %s, want [405]", jsonString(flow.GetStatuses))
+	}
+}
+
+// exampleCaddyfile reads examples/<name>/Caddyfile, points its site address
+// at the port startCaddy picks, makes the given replacements and adds the
+// harness's global options.
+func exampleCaddyfile(t testing.TB, name string, replacements map[string]string) string {
+	t.Helper()
+	example, err := os.ReadFile(filepath.Join(repoRoot(t), "examples", name, "Caddyfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caddyfile := string(example)
+	replacements["{$SITE_ADDRESS:mcp.example.com}"] = "http://127.0.0.1:{$MCP_TEST_PORT}"
+	for placeholder, value := range replacements {
+		if !strings.Contains(caddyfile, placeholder) {
+			t.Fatalf("examples/%s/Caddyfile no longer contains %s; update this test", name, placeholder)
+		}
+		caddyfile = strings.ReplaceAll(caddyfile, placeholder, value)
+	}
+	return "{\n\tadmin {$MCP_TEST_ADMIN}\n\tauto_https off\n\tpersist_config off\n\tgrace_period 2s\n}\n\n" + caddyfile
+}
+
+// phpCLIName is the PHP CLI that belongs with the given php-fpm binary.
+func phpCLIName(fpmBin string) string {
+	if cli := os.Getenv("MCP_SERIALIZER_PHP_CLI"); cli != "" {
+		return cli
+	}
+	if version := strings.TrimPrefix(filepath.Base(fpmBin), "php-fpm"); version != "" {
+		return "php" + version
+	}
+	return "php"
+}
+
+// waitTCP waits until addr accepts connections or the process exits.
+func waitTCP(t testing.TB, p *process, addr, logPath string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		if !p.running() {
+			t.Fatalf("%s exited during startup: %v\n%s", p.name, p.err, tailFile(logPath, 4000))
+		}
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			conn.Close()
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s did not listen on %s within 20s\n%s", p.name, addr, tailFile(logPath, 4000))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,157 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const nodeInstallHint = "install Node.js 20 and the client's packages: apt-get install -y nodejs npm && npm ci --prefix integration/client"
+
+// clientScript returns node and the client script, failing the test with what
+// to install when node or the SDK is missing.
+func clientScript(t testing.TB) (node, script string) {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node not found (%v): %s", err, nodeInstallHint)
+	}
+	dir := filepath.Join(repoRoot(t), "integration", "client")
+	sdk := filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk", "package.json")
+	if _, err := os.Stat(sdk); err != nil {
+		t.Fatalf("MCP SDK not installed in %s (%v): run `npm ci --prefix integration/client` from the repository root", dir, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, node, "--version").Output()
+	if err != nil {
+		t.Fatalf("node --version: %v", err)
+	}
+	version := strings.TrimPrefix(strings.TrimSpace(string(out)), "v")
+	if major, _ := strconv.Atoi(strings.SplitN(version, ".", 2)[0]); major < 20 {
+		t.Fatalf("node %s is too old (need 20 or later): %s", version, nodeInstallHint)
+	}
+	return node, filepath.Join(dir, "client.mjs")
+}
+
+// runClient runs the client script with args and decodes the JSON object on
+// the last line of its stdout into result. A non-zero exit is not an error by
+// itself (the pipeline mode exits 1 when it counted failures); a missing or
+// malformed result line is. The client's stderr is logged.
+func runClient(t testing.TB, timeout time.Duration, result any, args ...string) {
+	t.Helper()
+	node, script := clientScript(t)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, append([]string{script}, args...)...)
+	cmd.Dir = filepath.Dir(script)
+	cmd.WaitDelay = 5 * time.Second
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout = &stdout
+	cmd.Stderr = &stderr
+	start := time.Now()
+	runErr := cmd.Run()
+	t.Logf("client %s (%v):\n%s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond), tail(stderr.String(), 8000))
+	if ctx.Err() != nil {
+		t.Fatalf("client timed out after %v", timeout)
+	}
+	var exitErr *exec.ExitError
+	if runErr != nil && !errors.As(runErr, &exitErr) {
+		t.Fatalf("client: %v", runErr)
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	last := lines[len(lines)-1]
+	if err := json.Unmarshal([]byte(last), result); err != nil {
+		t.Fatalf("client result line %q: %v (exit: %v)", tail(last, 2000), err, runErr)
+	}
+}
+
+func tail(s string, max int) string {
+	if len(s) > max {
+		return "…" + s[len(s)-max:]
+	}
+	return s
+}
+
+// flowResult is the flow mode's final line.
+type flowResult struct {
+	Mode            string            `json:"mode"`
+	OK              bool              `json:"ok"`
+	Error           string            `json:"error"`
+	SessionID       string            `json:"sessionId"`
+	ProtocolVersion string            `json:"protocolVersion"`
+	Tools           []string          `json:"tools"`
+	Echo            string            `json:"echo"`
+	SlowResult      string            `json:"slowResult"`
+	CallStartedAt   float64           `json:"callStartedAt"` // ms since the client started
+	ResultAt        float64           `json:"resultAt"`
+	Progress        []progressEvent   `json:"progress"`
+	GetStatuses     []json.RawMessage `json:"getStatuses"`
+	Exchanges       []exchange        `json:"exchanges"`
+	TransportErrors []string          `json:"transportErrors"`
+	IDMismatches    int               `json:"idMismatches"`
+}
+
+type progressEvent struct {
+	Progress float64 `json:"progress"`
+	Total    float64 `json:"total"`
+	Message  string  `json:"message"`
+	At       float64 `json:"at"` // ms since the client started
+}
+
+type exchange struct {
+	Method      string          `json:"method"`
+	Status      json.RawMessage `json:"status"` // a number, or "network"
+	At          float64         `json:"at"`
+	ContentType string          `json:"contentType"`
+	Local       bool            `json:"local"`
+}
+
+// pipelineResult is the pipeline mode's final line.
+type pipelineResult struct {
+	Mode              string         `json:"mode"`
+	OK                bool           `json:"ok"`
+	Error             string         `json:"error"`
+	N                 int            `json:"n"`
+	Concurrency       int            `json:"concurrency"`
+	Get               string         `json:"get"`
+	Connects          int            `json:"connects"`
+	FailedConnects    int            `json:"failedConnects"`
+	Rejections        int            `json:"rejections"`
+	HTTPErrors        map[string]int `json:"httpErrors"`
+	HTTPErrorCount    int            `json:"httpErrorCount"`
+	IDMismatches      int            `json:"idMismatches"`
+	Broken            int            `json:"broken"`
+	UnexpectedReplies int            `json:"unexpectedReplies"`
+	FailedSessions    int            `json:"failedSessions"`
+	Failures          int            `json:"failures"`
+	GetStatuses       map[string]int `json:"getStatuses"`
+	Samples           []string       `json:"samples"`
+	ElapsedMs         int            `json:"elapsedMs"`
+}
+
+func (r pipelineResult) summary() string {
+	return "connects " + strconv.Itoa(r.Connects) + "/" + strconv.Itoa(r.N) +
+		", sessions with failures " + strconv.Itoa(r.FailedSessions) +
+		", rejections " + strconv.Itoa(r.Rejections) +
+		", http errors " + strconv.Itoa(r.HTTPErrorCount) + " " + jsonString(r.HTTPErrors) +
+		", id mismatches " + strconv.Itoa(r.IDMismatches) +
+		", broken sessions " + strconv.Itoa(r.Broken) +
+		", failed connects " + strconv.Itoa(r.FailedConnects) +
+		", unexpected replies " + strconv.Itoa(r.UnexpectedReplies) +
+		", GET statuses " + jsonString(r.GetStatuses) +
+		", in " + strconv.Itoa(r.ElapsedMs) + " ms"
+}
+
+func jsonString(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}

@@ -1,0 +1,16 @@
+<?php
+
+declare(strict_types=1);
+
+// Creates the SQLite session store (WAL mode, one table) before PHP-FPM starts.
+//
+//   php8.2 bin/init-store.php /path/to/sessions.sqlite
+//
+// Without an argument the path comes from MCP_PHP_STORE, as for the workers.
+
+require __DIR__ . '/../src/Config.php';
+require __DIR__ . '/../src/SessionStore.php';
+
+$path = $argv[1] ?? Config::fromEnvironment()->storePath;
+(new SessionStore($path))->migrate();
+fwrite(STDOUT, "session store ready: {$path}\n");

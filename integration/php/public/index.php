@@ -1,0 +1,11 @@
+<?php
+
+declare(strict_types=1);
+
+// Front controller: every request to the site (e.g. /mcp) lands here.
+
+require __DIR__ . '/../src/Config.php';
+require __DIR__ . '/../src/SessionStore.php';
+require __DIR__ . '/../src/McpEndpoint.php';
+
+(new McpEndpoint(Config::fromEnvironment()))->handle();
