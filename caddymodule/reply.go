@@ -41,16 +41,18 @@ func jsonRPCError(code int, message string, id []byte) []byte {
 	if len(id) == 0 {
 		id = []byte("null")
 	}
-	body, _ := json.Marshal(struct {
-		JSONRPC string          `json:"jsonrpc"`
-		ID      json.RawMessage `json:"id"`
-		Error   struct {
-			Code    int    `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}{JSONRPC: "2.0", ID: id, Error: struct {
+	var reply errorReply
+	reply.JSONRPC, reply.ID = "2.0", id
+	reply.Error.Code, reply.Error.Message = code, message
+	body, _ := json.Marshal(reply)
+	return body
+}
+
+type errorReply struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Error   struct {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
-	}{code, message}})
-	return body
+	} `json:"error"`
 }
