@@ -146,25 +146,24 @@ func (h *Handler) readBody(r *http.Request) (serializer.Traits, []byte, error) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > h.MaxBody {
 		return 0, nil, nil
 	}
-	var buf []byte
-	if r.ContentLength >= 0 {
-		buf = make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(r.Body, buf); err != nil {
-			return 0, nil, err
-		}
-	} else {
-		var err error
-		buf, err = io.ReadAll(io.LimitReader(r.Body, h.MaxBody+1))
-		if err != nil {
-			return 0, nil, err
-		}
-		if int64(len(buf)) > h.MaxBody {
-			r.Body = struct {
-				io.Reader
-				io.Closer
-			}{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
-			return 0, nil, nil
-		}
+	sized := r.ContentLength >= 0
+	want := r.ContentLength
+	if !sized {
+		want = h.MaxBody + 1 // one byte more tells an oversized body
+	}
+	buf, err := readUpTo(r.Body, want)
+	if !sized && (err == io.EOF || err == io.ErrUnexpectedEOF) {
+		err = nil // the end of a body of unknown length
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	if int64(len(buf)) > h.MaxBody {
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
+		return 0, nil, nil
 	}
 	r.Body = io.NopCloser(bytes.NewReader(buf))
 	r.ContentLength = int64(len(buf))
@@ -173,6 +172,28 @@ func (h *Handler) readBody(r *http.Request) (serializer.Traits, []byte, error) {
 	r.Header.Set("Content-Length", strconv.Itoa(len(buf)))
 	traits, reqID := serializer.Classify(buf)
 	return traits, reqID, nil
+}
+
+// firstBlock is what reading a body costs before the body has shown that
+// it is larger: a client announcing or trickling a big body gets a big
+// buffer only once it has sent this much.
+const firstBlock = 16 << 10
+
+// readUpTo reads up to want bytes into at most two buffers: the first of
+// firstBlock bytes (or want, if smaller) and, if the body goes on, one of
+// want bytes. It allocates at most want+firstBlock bytes in all; growing a
+// slice (io.ReadAll) would allocate several times want. Errors are
+// io.ReadFull's: io.EOF or io.ErrUnexpectedEOF when the body ends first.
+func readUpTo(r io.Reader, want int64) ([]byte, error) {
+	buf := make([]byte, min(want, firstBlock))
+	n, err := io.ReadFull(r, buf)
+	if err != nil || int64(n) == want {
+		return buf[:n], err
+	}
+	full := make([]byte, want)
+	copy(full, buf)
+	m, err := io.ReadFull(r, full[n:])
+	return full[:n+m], err
 }
 
 // rejectBody answers a body that could not be read; nothing was forwarded.

@@ -64,6 +64,12 @@ func (h *Handler) synthesizer(r *http.Request, next caddyhttp.Handler, id string
 		if err != nil {
 			return false
 		}
+		if !turn.Gated() {
+			// The client's own initialized was acknowledged while this
+			// one waited for its turn: sending it again is not needed.
+			turn.Done(0)
+			return true
+		}
 		err = next.ServeHTTP(rec, req)
 		status := statusOf(rec.status, err)
 		turn.Done(status)

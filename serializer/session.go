@@ -100,12 +100,37 @@ func (t Turn) Done(status int) {
 	s.unref()
 }
 
+// Gated reports whether the session's gate is still closed, that is, no
+// notifications/initialized has been acknowledged yet.
+func (t Turn) Gated() bool {
+	if t.s == nil {
+		return false
+	}
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	return t.s.gate != gateOpen
+}
+
 // Overtook reports whether the turn went ahead of the in-flight exchange.
 func (t Turn) Overtook() bool { return t.overtake }
 
 func (s *Session) unref() {
 	s.lastUsed.Store(s.table.clock.Now().UnixNano())
 	s.refs.Add(-1)
+}
+
+// idle reports whether s may be forgotten: no request holds it and its
+// gate is not waiting for notifications/initialized. Forgetting a session
+// between its initialize answer and the client's initialized would lose
+// the gate and let the follow-ups race the notification. Caller holds
+// s.table.mu, so no new reference can appear meanwhile.
+func (s *Session) idle() bool {
+	if s.refs.Load() > 0 {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gate != gateInitializing
 }
 
 // admits reports whether the gate lets a request with these traits go.

@@ -127,10 +127,14 @@ func (t *Table) ref(id string, create bool) *Session {
 	return s
 }
 
-// add inserts a new session, first evicting the least recently used idle
-// one if the table is full. Caller holds t.mu.
+// add inserts a new session, first evicting least recently used idle ones
+// until there is room: more than one when the table grew past MaxSessions
+// while its sessions were busy. Caller holds t.mu.
 func (t *Table) add(id string) *Session {
-	if t.lru.Len() >= t.config().MaxSessions && !t.evictOne() {
+	limit := t.config().MaxSessions
+	for t.lru.Len() >= limit && t.evictOne() {
+	}
+	if t.lru.Len() >= limit {
 		// Every session is in use: grow rather than drop one with waiters.
 		t.lru.Resize(t.lru.Len() + 1)
 	}
@@ -149,7 +153,7 @@ func (t *Table) evictOne() bool {
 		if !ok {
 			return false
 		}
-		if s.refs.Load() > 0 {
+		if !s.idle() {
 			t.lru.Get(id) // in use: move to the recent end
 			continue
 		}
@@ -189,7 +193,7 @@ func (t *Table) Sweep() {
 			return
 		}
 		switch {
-		case s.refs.Load() > 0:
+		case !s.idle():
 			t.lru.Get(id) // in use: not idle
 		case s.lastUsed.Load() < cutoff:
 			t.lru.Remove(id)
