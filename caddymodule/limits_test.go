@@ -1,0 +1,247 @@
+package caddymodule
+
+import (
+	"bytes"
+	"hash/crc32"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+// newBareHandler is a provisioned-enough Handler for calling ServeHTTP
+// directly, without Caddy.
+func newBareHandler(t testing.TB, maxBody int64) *Handler {
+	t.Helper()
+	cfg := serializer.Defaults()
+	cfg.MaxSessions = 1000
+	tab := serializer.NewTable(cfg)
+	t.Cleanup(tab.Close)
+	return &Handler{
+		MaxBody:       maxBody,
+		GetStream:     getStreamForward,
+		onInitTimeout: cfg.OnInitTimeout,
+		table:         tab,
+		logger:        zap.NewNop(),
+	}
+}
+
+// patternBody yields n bytes of a JSON-RPC request without holding them:
+// reading it allocates nothing, so what a test measures is the handler's.
+type patternBody struct {
+	n, off int64
+}
+
+var bodyPrefix = []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"s":"`)
+
+func (b *patternBody) Read(p []byte) (int, error) {
+	if b.off >= b.n {
+		return 0, io.EOF
+	}
+	p = p[:min(int64(len(p)), b.n-b.off)]
+	for i := range p {
+		if o := b.off + int64(i); o < int64(len(bodyPrefix)) {
+			p[i] = bodyPrefix[o]
+		} else {
+			p[i] = 'x'
+		}
+	}
+	b.off += int64(len(p))
+	return len(p), nil
+}
+
+func (b *patternBody) Close() error { return nil }
+
+// drainingNext is the rest of the route: it reads the whole body with a
+// fixed buffer and checksums it.
+type drainingNext struct {
+	buf   []byte
+	n     int64
+	sum   uint32
+	calls int
+}
+
+func (d *drainingNext) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	d.calls++
+	d.n, d.sum = 0, 0
+	for {
+		n, err := r.Body.Read(d.buf)
+		d.n += int64(n)
+		d.sum = crc32.Update(d.sum, crc32.IEEETable, d.buf[:n])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	w.WriteHeader(http.StatusAccepted)
+	return nil
+}
+
+func patternChecksum(n int64) uint32 {
+	var sum uint32
+	buf := make([]byte, 32<<10)
+	b := &patternBody{n: n}
+	for {
+		k, err := b.Read(buf)
+		sum = crc32.Update(sum, crc32.IEEETable, buf[:k])
+		if err != nil {
+			return sum
+		}
+	}
+}
+
+// bytesAllocated runs f a few times and returns the fewest bytes one run
+// allocated (other goroutines may add to a run, never take away).
+func bytesAllocated(f func()) uint64 {
+	least := ^uint64(0)
+	var before, after runtime.MemStats
+	for range 5 {
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		f()
+		runtime.ReadMemStats(&after)
+		least = min(least, after.TotalAlloc-before.TotalAlloc)
+	}
+	return least
+}
+
+// A request body costs the module at most max_body plus a small constant
+// of memory, whatever its framing, and a small body costs little: a body
+// is read into one small block, and into one max_body-sized buffer only if
+// it outgrows the block. A body over the limit is forwarded without being
+// held whole. The body reaches the next handler intact in every case.
+func TestBodyCostsAtMostMaxBodyPlusAConstant(t *testing.T) {
+	const maxBody = 256 << 10
+	const slack = 32 << 10 // request, recorder, readers, table entry
+	h := newBareHandler(t, maxBody)
+	next := &drainingNext{buf: make([]byte, 32<<10)}
+	for _, tc := range []struct {
+		name    string
+		size    int64
+		chunked bool
+	}{
+		{"chunked, 4x over the limit", 4 * maxBody, true},
+		{"chunked, one byte over the limit", maxBody + 1, true},
+		{"chunked, at the limit", maxBody, true},
+		{"chunked, half the limit", maxBody / 2, true},
+		{"chunked, small", 300, true},
+		{"Content-Length, at the limit", maxBody, false},
+		{"Content-Length, over the limit", 2 * maxBody, false},
+		{"Content-Length, small", 300, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var status int
+			used := bytesAllocated(func() {
+				r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+				r.Body = &patternBody{n: tc.size}
+				r.ContentLength = tc.size
+				if tc.chunked {
+					r.ContentLength = -1
+					r.TransferEncoding = []string{"chunked"}
+				}
+				// One id for every run: a fresh one would measure the table.
+				r.Header.Set(sessionHeader, "limits")
+				w := httptest.NewRecorder()
+				if err := h.ServeHTTP(w, r, caddyhttp.Handler(next)); err != nil {
+					t.Fatal(err)
+				}
+				status = w.Code
+			})
+			if status != http.StatusAccepted || next.n != tc.size || next.sum != patternChecksum(tc.size) {
+				t.Fatalf("next handler got %d bytes (checksum ok: %v), status %d; want all %d bytes",
+					next.n, next.sum == patternChecksum(tc.size), status, tc.size)
+			}
+			limit := uint64(maxBody + 1 + firstBlock + slack)
+			switch {
+			case tc.size <= firstBlock && !tc.chunked:
+				limit = uint64(tc.size + slack)
+			case tc.size <= firstBlock:
+				limit = firstBlock + slack // the length was unknown
+			}
+			t.Logf("%d-byte body: %d bytes allocated (limit %d)", tc.size, used, limit)
+			if used > limit {
+				t.Fatalf("%d-byte body made the handler allocate %d bytes, want at most %d (max_body %d)",
+					tc.size, used, limit, maxBody)
+			}
+		})
+	}
+}
+
+// A client that announces a large body and sends little of it costs
+// little: the buffer grows only with what arrives. Nothing is forwarded.
+func TestAnnouncedButUnsentBodyCostsLittle(t *testing.T) {
+	const maxBody = 1 << 20
+	h := newBareHandler(t, maxBody)
+	next := &drainingNext{buf: make([]byte, 1024)}
+	var status int
+	used := bytesAllocated(func() {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(&patternBody{n: 100}, errReader{io.ErrUnexpectedEOF}), io.NopCloser(nil)}
+		r.ContentLength = maxBody
+		r.Header.Set(sessionHeader, "limits")
+		w := httptest.NewRecorder()
+		_ = h.ServeHTTP(w, r, caddyhttp.Handler(next))
+		status = w.Code
+	})
+	if status != http.StatusBadRequest || next.calls != 0 {
+		t.Fatalf("status %d, next called %d times; want 400 and never", status, next.calls)
+	}
+	if limit := uint64(firstBlock + 16<<10); used > limit {
+		t.Fatalf("announcing %d bytes and sending 100 allocated %d bytes, want at most %d", maxBody, used, limit)
+	}
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// A chunked body within max_body is still classified: the handler sees the
+// message it carries.
+func TestChunkedBodyWithinLimitIsClassified(t *testing.T) {
+	h := newBareHandler(t, 1<<20)
+	id := "chunked-classify"
+	initialize, ok := h.table.Begin(id, nil)
+	if !ok {
+		t.Fatal("Begin refused")
+	}
+	initialize.Done(200)
+	body := append(bytes.Repeat([]byte(" "), 100<<10), `{"jsonrpc":"2.0","method":"notifications/initialized"}`...)
+	r := httptest.NewRequest(http.MethodPost, "/mcp", struct{ io.Reader }{bytes.NewReader(body)})
+	r.ContentLength = -1
+	r.Header.Set(sessionHeader, id)
+	var got []byte
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		got, _ = io.ReadAll(r.Body)
+		if r.ContentLength != int64(len(body)) {
+			t.Errorf("ContentLength = %d, want %d", r.ContentLength, len(body))
+		}
+		w.WriteHeader(http.StatusAccepted)
+		return nil
+	})
+	// Held at the gate unless the body was seen to carry initialized.
+	done := make(chan error, 1)
+	go func() { done <- h.ServeHTTP(httptest.NewRecorder(), r, next) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a chunked notifications/initialized was held at the gate: it was not classified")
+	}
+	if !bytes.Equal(got, body) {
+		t.Fatalf("next handler got %d bytes, want the %d sent", len(got), len(body))
+	}
+}

@@ -1,0 +1,259 @@
+package caddymodule_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/integration/mcpstub"
+)
+
+// `caddy reload` (through the admin API) under steady pipelined load
+// loses no request and forwards none twice: every request id the clients
+// sent reaches the upstream exactly once and every client gets its own
+// answer. Sessions keep their FIFO (never two exchanges of a session at
+// once at the upstream) and their gate (no connect is rejected as not
+// initialized; a session held across every reload is released by its
+// initialized). No goroutine is left behind.
+func TestReloadUnderPipelinedLoadLosesNothing(t *testing.T) {
+	backend := &mcpstub.Backend{WorkMin: 200 * time.Microsecond, WorkMax: 2 * time.Millisecond}
+	upstreamSrv := httptest.NewServer(backend)
+	defer upstreamSrv.Close()
+	site := func(queueTimeout int) string {
+		// Without upstream keep-alive: an old config's proxy keeps the
+		// connections that were busy at its cleanup idle for two minutes,
+		// which would hide a leak of ours in the goroutine count.
+		return fmt.Sprintf("mcp_serializer {\n\tqueue_timeout %ds\n}\nreverse_proxy %s {\n\tflush_interval -1\n\ttransport http {\n\t\tkeepalive off\n\t}\n}",
+			queueTimeout, strings.TrimPrefix(upstreamSrv.URL, "http://"))
+	}
+	c := startCaddy(t, site(10))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := mcpstub.NewClient(16)
+	client.Transport = replayable{client.Transport}
+	driver := mcpstub.Driver{Client: client, URL: c.url, Delete: true}
+
+	// Warm up, and count goroutines with one reload behind us: what a
+	// process starts once is not a leak.
+	if r := driver.Connect(ctx); r.Failed() {
+		t.Fatalf("warm-up connect: %v", r.Err())
+	}
+	c.reload(t, site(11))
+	client.CloseIdleConnections()
+	baseline := settledGoroutines(0, time.Second)
+
+	// A session still initializing, with a request held at its gate.
+	init := call(ctx, client, http.MethodPost, c.url, "", initializeBody)
+	gated := init.header.Get("Mcp-Session-Id")
+	if init.status != http.StatusOK || gated == "" {
+		t.Fatalf("initialize: %d %s", init.status, init.body)
+	}
+	held := make(chan answer, 1)
+	go func() { held <- call(ctx, client, http.MethodPost, c.url, gated, rpcRequest(`"held"`, "tools/list")) }()
+
+	// Steady sessions: initialized, then three concurrent senders each.
+	const steadySessions, senders = 3, 3
+	steady := make([]string, steadySessions)
+	for i := range steady {
+		a := call(ctx, client, http.MethodPost, c.url, "", initializeBody)
+		steady[i] = a.header.Get("Mcp-Session-Id")
+		if a := call(ctx, client, http.MethodPost, c.url, steady[i], initializedBody); a.status != http.StatusAccepted {
+			t.Fatalf("initialized: %d %s", a.status, a.body)
+		}
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var sum mcpstub.Summary
+	sent := map[string][]string{} // session -> ids sent by steady senders
+	var failures []string
+	for range 3 { // pipelined connects, back to back
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := driver.Connect(ctx)
+				mu.Lock()
+				sum.Add(r)
+				mu.Unlock()
+			}
+		})
+	}
+	for _, sid := range steady {
+		for s := range senders {
+			wg.Go(func() {
+				for n := 0; ; n++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					id := fmt.Sprintf(`"%s-%d-%d"`, sid[:8], s, n)
+					a := call(ctx, client, http.MethodPost, c.url, sid, rpcRequest(id, "tools/list"))
+					mu.Lock()
+					sent[sid] = append(sent[sid], id)
+					if a.err != nil || a.status != http.StatusOK || string(parseRPC(a.body).ID) != id || strings.Contains(string(a.body), `"error"`) {
+						failures = append(failures, fmt.Sprintf("%s: %d %v %.200s", id, a.status, a.err, a.body))
+					}
+					mu.Unlock()
+				}
+			})
+		}
+	}
+
+	const reloads = 6
+	for i := range reloads {
+		time.Sleep(150 * time.Millisecond)
+		c.reload(t, site(10+i%2))
+	}
+	time.Sleep(150 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	// The held request is still held, and goes once initialized is in.
+	select {
+	case a := <-held:
+		t.Fatalf("a request held at the gate was answered during the reloads: %d %s", a.status, a.body)
+	default:
+	}
+	if a := call(ctx, client, http.MethodPost, c.url, gated, initializedBody); a.status != http.StatusAccepted {
+		t.Fatalf("initialized: %d %s", a.status, a.body)
+	}
+	expectResult(t, await(t, held, 5*time.Second, "held request"), `"held"`)
+
+	t.Logf("%d reloads under load: %d pipelined connects (%d failed), %d steady requests (%d failed)",
+		reloads, sum.Connects, sum.Failed, countAll(sent), len(failures))
+	if sum.Connects < 10 || sum.Failed != 0 {
+		t.Errorf("pipelined connects across reloads: %s", sum)
+	}
+	if len(failures) > 0 {
+		t.Errorf("%d steady requests failed, e.g. %s", len(failures), failures[0])
+	}
+
+	// At the upstream: every id exactly once, one exchange per session at
+	// a time.
+	arrived := map[string]map[string]int{} // session -> label -> count
+	for _, r := range backend.Requests() {
+		sid := r.SessionID
+		if sid == "" {
+			sid = r.NewSessionID
+		}
+		if arrived[sid] == nil {
+			arrived[sid] = map[string]int{}
+		}
+		if r.HTTPMethod == http.MethodDelete {
+			arrived[sid]["DELETE"]++
+		}
+		for _, m := range r.Messages {
+			arrived[sid][m.Method+"#"+m.ID]++
+		}
+	}
+	for sid, ids := range sent {
+		for _, id := range ids {
+			if n := arrived[sid]["tools/list#"+id]; n != 1 {
+				t.Errorf("steady request %s reached the upstream %d times, want once", id, n)
+			}
+		}
+		if n, want := len(arrived[sid]), len(ids)+2; n != want { // + initialize, initialized
+			t.Errorf("session %s: %d distinct messages upstream, want %d", sid[:8], n, want)
+		}
+	}
+	connects := 0
+	for sid, got := range arrived {
+		if got["DELETE"] == 0 {
+			continue // not a driver connect
+		}
+		connects++
+		want := map[string]int{"initialize#1": 1, "notifications/initialized#": 1,
+			"logging/setLevel#2": 1, "tools/list#3": 1, "tools/list#4": 1, "DELETE": 1}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("connect %s: upstream got %v, want each message once: %v", sid[:8], got, want)
+		}
+	}
+	if connects != sum.Connects+1 { // + the warm-up
+		t.Errorf("upstream saw %d connects, the clients made %d", connects, sum.Connects+1)
+	}
+	for sid, st := range backend.AllStats() {
+		if st.MaxInFlight > 1 {
+			t.Errorf("session %s had %d exchanges at the upstream at once", sid[:8], st.MaxInFlight)
+		}
+	}
+
+	client.CloseIdleConnections()
+	n := settledGoroutines(baseline, 3*time.Second)
+	t.Logf("goroutines: %d before the reloads, %d after", baseline, n)
+	if n > baseline {
+		buf := make([]byte, 1<<20)
+		t.Errorf("goroutines: %d before the reloads, %d after\n%s", baseline, n, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// replayable marks every request with an Idempotency-Key, so that Go's
+// transport resends it when a reload closes the idle keep-alive connection
+// it was sent on before the server read it (a race between any HTTP
+// client and a server closing idle connections, module or not). Were the
+// request read and resent, the upstream would count it twice.
+type replayable struct{ http.RoundTripper }
+
+func (r replayable) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set("Idempotency-Key", "1")
+	return r.RoundTripper.RoundTrip(req)
+}
+
+func (r replayable) CloseIdleConnections() {
+	r.RoundTripper.(interface{ CloseIdleConnections() }).CloseIdleConnections()
+}
+
+// settledGoroutines polls the goroutine count until it is at most want
+// (or, with want 0, stops changing), for at most d, and returns it.
+func settledGoroutines(want int, d time.Duration) int {
+	deadline := time.Now().Add(d)
+	last := -1
+	for {
+		n := runtime.NumGoroutine()
+		if (want > 0 && n <= want) || (want == 0 && n == last) || time.Now().After(deadline) {
+			return n
+		}
+		last = n
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func countAll(m map[string][]string) int {
+	n := 0
+	for _, v := range m {
+		n += len(v)
+	}
+	return n
+}
+
+// A session created before a reload and left without initialized gets its
+// synthesized notifications/initialized after the reload, through the
+// route it was created on, with its session id.
+func TestSynthesizeAfterReloadStillReachesTheUpstream(t *testing.T) {
+	const sid = "synth-reload"
+	up, addr := newUpstream(t, mcpAnswer(sid, nil))
+	site := "mcp_serializer {\n\tinit_timeout %s\n\ton_init_timeout synthesize\n}\nreverse_proxy " + addr
+	c := startCaddy(t, fmt.Sprintf(site, "500ms"))
+	initialize(t, c, sid)
+	c.reload(t, fmt.Sprintf(site, "400ms"))
+	held := callAsync(context.Background(), http.MethodPost, c.url, sid, rpcRequest("2", "tools/list"))
+	expectResult(t, await(t, held, 5*time.Second, "held request"), "2")
+	if got, want := strings.Join(up.labels(), " "), "initialize#1 notifications/initialized tools/list#2"; got != want {
+		t.Fatalf("upstream saw %q, want %q", got, want)
+	}
+	if got := up.requests()[1].Header.Get("Mcp-Session-Id"); got != sid {
+		t.Fatalf("synthesized initialized carried session %q, want %q", got, sid)
+	}
+}
