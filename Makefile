@@ -61,3 +61,12 @@ test: lint $(CADDY) $(CLIENT_DEPS)
 
 clean:
 	rm -rf $(BIN)
+
+# Each fuzz target runs for FUZZTIME; -fuzzminimizetime keeps the search
+# from stalling on minimizing large inputs. A failing input is written to
+# the package's testdata/fuzz/ and replayed by every later `go test`.
+FUZZTIME ?= 30s
+FUZZMINIMIZETIME ?= 2s
+fuzz:
+	go test ./serializer -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
+	go test ./caddymodule -run '^$$' -fuzz '^FuzzValidSessionID$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
