@@ -59,6 +59,11 @@ lint:
 test: lint $(CADDY) $(CLIENT_DEPS)
 	go test -race -timeout 30m ./...
 
+# Plain Caddy and Caddy with mcp_serializer side by side, same binary, same
+# load, alternating rounds (BENCHMARKS.md). Options: BENCH_FLAGS="-pairs 20 -v".
+bench: $(CADDY)
+	go run ./integration/bench -caddy $(CADDY) $(BENCH_FLAGS)
+
 clean:
 	rm -rf $(BIN)
 
@@ -69,4 +74,5 @@ FUZZTIME ?= 30s
 FUZZMINIMIZETIME ?= 2s
 fuzz:
 	go test ./serializer -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
+	go test ./serializer -run '^$$' -fuzz '^FuzzValid$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
 	go test ./caddymodule -run '^$$' -fuzz '^FuzzValidSessionID$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
