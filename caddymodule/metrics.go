@@ -20,6 +20,8 @@ var metrics = struct {
 	gateTimeout *prometheus.CounterVec
 	rejections  *prometheus.CounterVec
 	bypasses    *prometheus.CounterVec
+	sessionless prometheus.Counter // bypasses{kind="sessionless"}, looked up once
+	overtakes   prometheus.Counter // bypasses{kind="overtake"}
 	evictions   prometheus.Counter
 }{}
 
@@ -50,6 +52,8 @@ func init() {
 		Namespace: ns, Subsystem: sub, Name: "bypasses_total",
 		Help: "Requests forwarded without waiting: sessionless (no Mcp-Session-Id) or overtake (replies beside a streaming exchange).",
 	}, []string{"kind"})
+	metrics.sessionless = metrics.bypasses.WithLabelValues("sessionless")
+	metrics.overtakes = metrics.bypasses.WithLabelValues("overtake")
 	metrics.evictions = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "evictions_total",
 		Help: "Idle sessions forgotten to stay within max_sessions.",

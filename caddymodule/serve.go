@@ -27,7 +27,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	ids := r.Header.Values(sessionHeader)
 	if len(ids) == 0 {
 		if r.Method != http.MethodPost {
-			metrics.bypasses.WithLabelValues("sessionless").Inc()
+			metrics.sessionless.Inc()
 			return next.ServeHTTP(w, r)
 		}
 		return h.serveSessionless(w, r, next)
@@ -71,14 +71,14 @@ func validSessionID(id string) bool {
 func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	ew := &exchangeWriter{
 		ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		begin:                 &sessionStart{h: h, r: r, next: next},
+		begin:                 sessionStart{h: h, r: r, next: next},
 	}
 	// Deferred so that a panic downstream still frees the new session's slot.
 	defer func() { ew.turn.Done(ew.status) }()
 	err := next.ServeHTTP(ew, r)
 	ew.settleStatus(err)
 	if ew.turn == (serializer.Turn{}) {
-		metrics.bypasses.WithLabelValues("sessionless").Inc()
+		metrics.sessionless.Inc()
 	}
 	return err
 }
@@ -108,7 +108,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 		return h.rejectWait(w, r, id, err, reqID)
 	}
 	if turn.Overtook() {
-		metrics.bypasses.WithLabelValues("overtake").Inc()
+		metrics.overtakes.Inc()
 	}
 	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, turn: turn}
 	// Deferred so that a panic downstream still frees the slot.

@@ -20,7 +20,7 @@ type exchangeWriter struct {
 	turn   serializer.Turn
 
 	// Set for a session-less POST, to start a session from its response.
-	begin *sessionStart
+	begin sessionStart
 }
 
 // sessionStart is what a session-less POST needs to begin a session.
@@ -40,7 +40,7 @@ func (w *exchangeWriter) WriteHeader(status int) {
 
 func (w *exchangeWriter) onFinalHeader() {
 	header := w.Header()
-	if w.begin != nil {
+	if w.begin.h != nil {
 		w.turn = w.begin.h.beginSession(w.status, header, w.begin.r, w.begin.next)
 	}
 	if isEventStream(header) {
