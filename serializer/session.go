@@ -271,6 +271,7 @@ func (s *Session) openGate() {
 	if s.gate == gateInitializing {
 		close(s.gateOpens)
 	}
+	s.gateOpens = nil // waiters hold their own copy; an idle session keeps none
 	s.gate = gateOpen
 	if s.stopInit != nil {
 		s.stopInit()
@@ -293,6 +294,7 @@ func (s *Session) initExpired() {
 	case cfg.OnInitTimeout == Reject:
 		s.gate = gateRejecting
 		close(s.gateOpens)
+		s.gateOpens = nil
 		s.dispatch()
 	case cfg.OnInitTimeout == Synthesize && s.synth != nil:
 		go s.synthesize(s.synth, cfg.QueueTimeout)
