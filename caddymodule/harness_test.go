@@ -89,6 +89,9 @@ func (c *testCaddy) reload(t *testing.T, site string) {
 		body, _ := io.ReadAll(resp.Body)
 		t.Fatalf("reload: %s: %s", resp.Status, body)
 	}
+	// A reload closes the server's idle keep-alive connections; a request
+	// sent on one at that moment fails with EOF before Caddy reads it.
+	http.DefaultClient.CloseIdleConnections()
 }
 
 func freePort(t *testing.T) int {
