@@ -97,7 +97,7 @@ func sendAsync(ctx context.Context, url, id, body string) <-chan *http.Response 
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Mcp-Session-Id", id)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := do(http.DefaultClient, req)
 		if err != nil {
 			resp = nil
 		}

@@ -177,7 +177,7 @@ func call(ctx context.Context, client *http.Client, method, url, sid, body strin
 	if sid != "" {
 		req.Header.Set("Mcp-Session-Id", sid)
 	}
-	resp, err := client.Do(req)
+	resp, err := do(client, req)
 	if err != nil {
 		return answer{err: err, at: time.Now()}
 	}
