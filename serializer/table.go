@@ -44,8 +44,7 @@ func (t *Table) Configure(cfg Config) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if old := t.cfg.Load(); old != nil && old.MaxSessions > cfg.MaxSessions {
-		for t.lru.Len() > cfg.MaxSessions && t.evictOne() {
-		}
+		t.evictDownTo(cfg.MaxSessions)
 	}
 	t.lru.Resize(max(cfg.MaxSessions, t.lru.Len(), 1))
 	t.cfg.Store(&cfg)
@@ -132,8 +131,7 @@ func (t *Table) ref(id string, create bool) *Session {
 // while its sessions were busy. Caller holds t.mu.
 func (t *Table) add(id string) *Session {
 	limit := t.config().MaxSessions
-	for t.lru.Len() >= limit && t.evictOne() {
-	}
+	t.evictDownTo(limit - 1)
 	if t.lru.Len() >= limit {
 		// Every session is in use: grow rather than drop one with waiters.
 		t.lru.Resize(t.lru.Len() + 1)
@@ -142,6 +140,13 @@ func (t *Table) add(id string) *Session {
 	s.lastUsed.Store(t.clock.Now().UnixNano())
 	t.lru.Add(id, s)
 	return s
+}
+
+// evictDownTo evicts idle sessions until at most n are tracked or none
+// is idle. Caller holds t.mu.
+func (t *Table) evictDownTo(n int) {
+	for t.lru.Len() > n && t.evictOne() {
+	}
 }
 
 // evictOne forgets the least recently used idle session. Sessions in use
