@@ -84,9 +84,8 @@ final class McpEndpoint
             $record = SessionStore::newRecord();
             $created = true;
         } else {
-            $record = $this->store()->load($sessionId);
+            $record = $this->existingSession($sessionId);
             if ($record === null) {
-                $this->httpError(404, -32001, 'Session not found');
                 return;
             }
         }
@@ -267,12 +266,7 @@ final class McpEndpoint
      */
     private function get(?string $sessionId): void
     {
-        if ($sessionId === null) {
-            $this->httpError(400, -32600, 'Bad Request: Mcp-Session-Id header is required');
-            return;
-        }
-        if ($this->store()->load($sessionId) === null) {
-            $this->httpError(404, -32001, 'Session not found');
+        if ($this->existingSession($sessionId) === null) {
             return;
         }
         ignore_user_abort(true);
@@ -303,17 +297,29 @@ final class McpEndpoint
 
     private function delete(?string $sessionId): void
     {
-        if ($sessionId === null) {
-            $this->httpError(400, -32600, 'Bad Request: Mcp-Session-Id header is required');
-            return;
-        }
-        if ($this->store()->load($sessionId) === null) {
-            $this->httpError(404, -32001, 'Session not found');
+        if ($this->existingSession($sessionId) === null) {
             return;
         }
         $this->work();
         $this->store()->delete($sessionId);
         http_response_code(204);
+    }
+
+    /**
+     * The stored record of the request's session, or null after answering
+     * 400 (no Mcp-Session-Id) or 404 (unknown session).
+     */
+    private function existingSession(?string $sessionId): ?array
+    {
+        if ($sessionId === null) {
+            $this->httpError(400, -32600, 'Bad Request: Mcp-Session-Id header is required');
+            return null;
+        }
+        $record = $this->store()->load($sessionId);
+        if ($record === null) {
+            $this->httpError(404, -32001, 'Session not found');
+        }
+        return $record;
     }
 
     private function methodNotAllowed(): void
