@@ -54,6 +54,7 @@ type Config struct {
 
 	Clock  Clock  // nil: the system clock
 	Events Events // nil: no events
+	Store  Store  // nil: sessions are known to this table only
 }
 
 // Defaults returns the documented default limits.

@@ -1,0 +1,46 @@
+package serializer
+
+import (
+	"context"
+	"time"
+)
+
+// Store is session state shared between instances, so that a session
+// created behind one instance is gated on the instance that gets its
+// follow-ups. A table without one (Config.Store nil) keeps everything
+// local, at no cost.
+//
+// A session id is a credential: implementations must key records by a
+// hash of it, never by the id. Each call must return within the
+// implementation's own bound; an error means "unknown", and the table
+// falls back to its local behaviour.
+type Store interface {
+	// Created records a session this instance has just created: still
+	// initializing, with its initialize exchange in flight, gated until
+	// initDeadline.
+	Created(ctx context.Context, id string, initDeadline time.Time) error
+	// InitializeEnded records that the initialize exchange's response
+	// has ended, so follow-ups elsewhere may go once the gate allows.
+	InitializeEnded(ctx context.Context, id string) error
+	// Opened records that the session's notifications/initialized was
+	// acknowledged: the gate is open everywhere.
+	Opened(ctx context.Context, id string) error
+	// Touch extends the life of a live session's record. The table calls
+	// it at most a few times per SessionTTL per session, never per request.
+	Touch(ctx context.Context, id string) error
+	// Forget removes the session's record (it ended, or the upstream no
+	// longer knows it).
+	Forget(ctx context.Context, id string) error
+	// Lookup returns the session's record; found is false when there is
+	// none (never created behind a store, ended, or expired).
+	Lookup(ctx context.Context, id string) (rec Record, found bool, err error)
+}
+
+// Record is what a Store knows of a session.
+type Record struct {
+	Open bool // notifications/initialized was acknowledged
+	// While not Open: when the gate's init_timeout runs out, and whether
+	// the initialize exchange's response is still being sent.
+	InitDeadline       time.Time
+	InitializeInFlight bool
+}
