@@ -33,8 +33,9 @@ const defaultMaxBody = 1 << 20
 // Handler is the mcp_serializer HTTP handler. Handlers with the same Name
 // share one session table, which survives config reloads.
 type Handler struct {
-	// Name of the session table; handlers with different names keep
-	// independent sessions. Default: one shared table.
+	// Name of the session table. Handlers with the same name share
+	// sessions and must agree on the table's settings; handlers with
+	// different names keep independent sessions. Default: one shared table.
 	Name string `json:"name,omitempty"`
 	// How long a new session's messages are held waiting for the upstream
 	// to acknowledge notifications/initialized. Default: 10s.
@@ -62,6 +63,8 @@ type Handler struct {
 	table         *serializer.Table
 	poolKey       string
 	logger        *zap.Logger
+	claim         tableUse    // set on the config's first handler of a table
+	claimed       *tableClaim // to check the others against
 }
 
 // CaddyModule returns the Caddy module information.
@@ -78,6 +81,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	cfg, err := h.config()
 	if err != nil {
+		return err
+	}
+	if err := h.claimTable(ctx, cfg); err != nil {
 		return err
 	}
 	h.onInitTimeout = cfg.OnInitTimeout
@@ -149,6 +155,10 @@ func (h *Handler) Validate() error { return nil }
 // Cleanup releases this config's hold on the session table; the table
 // stops when no config uses it.
 func (h *Handler) Cleanup() error {
+	h.releaseClaim()
+	if h.table == nil {
+		return nil // provisioning failed before the table was taken
+	}
 	_, err := tables.Delete(h.poolKey)
 	return err
 }
