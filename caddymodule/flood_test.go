@@ -25,9 +25,11 @@ func TestFloodOfMadeUpSessionIDsThroughCaddy(t *testing.T) {
 	release := make(chan struct{})
 	up, addr := newUpstream(t, mcpAnswer("flood-gated", func(m rpcMsg, w http.ResponseWriter, r *http.Request) bool {
 		if m.Method == "block" {
+			// Held until the test releases it; the bound only keeps a
+			// failed test from hanging, and must outlast a slow flood.
 			select {
 			case <-release:
-			case <-time.After(10 * time.Second):
+			case <-time.After(time.Minute):
 			}
 		}
 		return false
@@ -35,8 +37,8 @@ func TestFloodOfMadeUpSessionIDsThroughCaddy(t *testing.T) {
 	c := startCaddy(t, fmt.Sprintf(`metrics /metrics
 mcp_serializer {
 	max_sessions %d
-	queue_timeout 10s
-	init_timeout 30s
+	queue_timeout 1m
+	init_timeout 1m
 }
 @flood header X-Flood *
 respond @flood `+"`"+`{"jsonrpc":"2.0","id":1,"result":{}}`+"`"+` 200
