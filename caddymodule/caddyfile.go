@@ -35,7 +35,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    max_sessions    <sessions>
 //	    session_ttl     <duration>
 //	    max_body        <size>
-//	    get_stream      forward|reject
+//	    get_stream      reject|forward
 //	}
 //
 // Every setting is optional; defaults are applied in Provision.

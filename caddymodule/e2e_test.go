@@ -246,23 +246,32 @@ func TestEventStreamReachesClientAsItIsWritten(t *testing.T) {
 	}
 }
 
-func TestGetStreamRejectAnswers405(t *testing.T) {
+// By default the GET stream is answered 405 locally: a backend whose GET
+// stream rewrites the session record (php-mcp) must not get one.
+func TestGetStreamIsAnswered405ByDefault(t *testing.T) {
 	up, addr := newUpstream(t, nil)
-	c := startCaddy(t, "mcp_serializer {\n\tget_stream reject\n}\nreverse_proxy "+addr)
-	req, _ := http.NewRequest(http.MethodGet, c.url, nil)
-	req.Header.Set("Mcp-Session-Id", "s1")
-	req.Header.Set("Accept", "text/event-stream")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.Header.Get("Allow") == "" {
-		t.Error("405 without Allow")
+	c := startCaddy(t, "mcp_serializer\nreverse_proxy "+addr)
+	resp := getStream(t, context.Background(), c.url, "s1")
+	if got := resp.Header.Get("Allow"); got != "POST, DELETE" {
+		t.Errorf("Allow = %q, want \"POST, DELETE\"", got)
 	}
 	expectRPCError(t, resp, http.StatusMethodNotAllowed, "null")
 	if n := len(up.requests()); n != 0 {
 		t.Fatalf("upstream saw %d requests, want 0", n)
 	}
+}
+
+// getStream opens the server-to-client event stream of session id.
+func getStream(t *testing.T, ctx context.Context, url, id string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req.Header.Set("Mcp-Session-Id", id)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
 }
 
 // sessionUpstream creates session "s-new" on initialize and otherwise

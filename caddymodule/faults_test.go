@@ -467,7 +467,7 @@ func TestHungExchangeTimesOutItsQueueAndTheSessionRecovers(t *testing.T) {
 func TestClientLeavingAtTheGateIsNeverForwarded(t *testing.T) {
 	const sid = "gate-leave"
 	up, addr := newUpstream(t, mcpAnswer(sid, nil))
-	c := startCaddy(t, "mcp_serializer {\n\tinit_timeout 10s\n\tqueue_timeout 2s\n}\nreverse_proxy "+addr)
+	c := startCaddy(t, "mcp_serializer {\n\tinit_timeout 10s\n\tqueue_timeout 2s\n\tget_stream forward\n}\nreverse_proxy "+addr)
 	initialize(t, c, sid)
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -55,8 +55,9 @@ type Handler struct {
 	// Bytes of a POST body read to classify it; larger bodies are
 	// streamed through as ordinary messages. Default: 1 MiB.
 	MaxBody int64 `json:"max_body,omitempty"`
-	// What to do with the server-to-client GET stream: forward (after the
-	// gate opens) or reject with 405. Default: forward.
+	// What to do with the server-to-client GET stream: reject with 405, or
+	// forward it (after the gate opens) to a backend whose GET stream does
+	// not write session state. Default: reject.
 	GetStream string `json:"get_stream,omitempty"`
 
 	onInitTimeout serializer.TimeoutAction
@@ -140,7 +141,7 @@ func (h *Handler) config() (serializer.Config, error) {
 	}
 	switch h.GetStream {
 	case "":
-		h.GetStream = getStreamForward
+		h.GetStream = getStreamReject
 	case getStreamForward, getStreamReject:
 	default:
 		return cfg, fmt.Errorf("get_stream: unknown mode %q (want forward or reject)", h.GetStream)

@@ -1,8 +1,10 @@
 package caddymodule_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -255,5 +257,54 @@ func TestSynthesizeAfterReloadStillReachesTheUpstream(t *testing.T) {
 	}
 	if got := up.requests()[1].Header.Get("Mcp-Session-Id"); got != sid {
 		t.Fatalf("synthesized initialized carried session %q, want %q", got, sid)
+	}
+}
+
+// A reload that changes get_stream applies to GET streams opened after it;
+// a stream already open is left alone and keeps delivering events.
+func TestReloadChangingGetStreamAppliesToNewStreamsOnly(t *testing.T) {
+	const sid = "get-reload"
+	sendEvent := make(chan struct{})
+	_, addr := newUpstream(t, mcpAnswer(sid, func(m rpcMsg, w http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodGet {
+			return false
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, ": open\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-sendEvent:
+			io.WriteString(w, "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\"}\n\n")
+		case <-r.Context().Done():
+		}
+		return true
+	}))
+	site := "mcp_serializer {\n\tget_stream %s\n}\nreverse_proxy " + addr + " {\n\tflush_interval -1\n}"
+	c := startCaddy(t, fmt.Sprintf(site, "forward"))
+	initialize(t, c, sid)
+	resp := post(t, c.url, sid, initializedBody)
+	resp.Body.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	open := getStream(t, ctx, c.url, sid)
+	defer open.Body.Close()
+	lines := bufio.NewReader(open.Body)
+	if first, err := lines.ReadString('\n'); open.StatusCode != http.StatusOK || err != nil || first != ": open\n" {
+		t.Fatalf("GET with get_stream forward: %d %q %v", open.StatusCode, first, err)
+	}
+
+	c.reload(t, fmt.Sprintf(site, "reject"))
+	expectRPCError(t, getStream(t, ctx, c.url, sid), http.StatusMethodNotAllowed, "null")
+
+	close(sendEvent)
+	for {
+		line, err := lines.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the stream opened before the reload ended before its event: %v", err)
+		}
+		if strings.Contains(line, "notifications/message") {
+			break
+		}
 	}
 }
