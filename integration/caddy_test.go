@@ -104,6 +104,19 @@ http://127.0.0.1:{$MCP_TEST_PORT} {
 // end of the test, and its log is shown if the test failed.
 func startCaddy(t testing.TB, caddyfile string) (baseURL string) {
 	t.Helper()
+	return runCaddy(t, caddyfile).URL
+}
+
+// caddyProcess is a running `caddy run`.
+type caddyProcess struct {
+	URL   string // the site, http://127.0.0.1:{$MCP_TEST_PORT}
+	Admin string // the admin address, 127.0.0.1:{$MCP_TEST_ADMIN}
+	proc  *process
+}
+
+// runCaddy is startCaddy returning the process too.
+func runCaddy(t testing.TB, caddyfile string) *caddyProcess {
+	t.Helper()
 	bin := caddyBinary(t)
 	dir := t.TempDir()
 	config := filepath.Join(dir, "Caddyfile")
@@ -124,23 +137,44 @@ func startCaddy(t testing.TB, caddyfile string) (baseURL string) {
 		"XDG_CONFIG_HOME="+filepath.Join(dir, "config"),
 		"XDG_DATA_HOME="+filepath.Join(dir, "data"),
 	)
-	p := startProcess(t, "caddy", cmd, logPath, syscall.SIGINT, 10*time.Second)
-
-	baseURL = "http://127.0.0.1:" + strconv.Itoa(port)
-	adminURL := "http://127.0.0.1:" + strconv.Itoa(admin) + "/config/"
+	c := &caddyProcess{
+		URL:   "http://127.0.0.1:" + strconv.Itoa(port),
+		Admin: "127.0.0.1:" + strconv.Itoa(admin),
+		proc:  startProcess(t, "caddy", cmd, logPath, syscall.SIGINT, 10*time.Second),
+	}
 	client := &http.Client{Timeout: 2 * time.Second}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if !p.running() {
-			t.Fatalf("caddy exited during startup: %v\n%s", p.err, tailFile(logPath, 8000))
+		if !c.proc.running() {
+			t.Fatalf("caddy exited during startup: %v\n%s", c.proc.err, tailFile(logPath, 8000))
 		}
-		if caddyReady(client, adminURL, "127.0.0.1:"+strconv.Itoa(port)) {
-			return baseURL
+		if caddyReady(client, "http://"+c.Admin+"/config/", "127.0.0.1:"+strconv.Itoa(port)) {
+			return c
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("caddy did not answer on %s within 30s\n%s", baseURL, tailFile(logPath, 8000))
+			t.Fatalf("caddy did not answer on %s within 30s\n%s", c.URL, tailFile(logPath, 8000))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// stop runs `caddy stop` against the instance's admin endpoint, as an
+// operator would, and reports how long the process took to exit, or
+// false if it was still running after limit.
+func (c *caddyProcess) stop(t testing.TB, limit time.Duration) (time.Duration, bool) {
+	t.Helper()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, caddyBinary(t), "stop", "--address", c.Admin).CombinedOutput()
+	if err != nil && ctx.Err() == nil {
+		t.Fatalf("caddy stop: %v\n%s", err, out)
+	}
+	select {
+	case <-c.proc.exited:
+		return time.Since(start), true
+	case <-ctx.Done():
+		return time.Since(start), false
 	}
 }
 

@@ -17,7 +17,6 @@ func TestSynthesizedInitializedReachesPHPFPM(t *testing.T) {
 	base := startCaddy(t, caddySite(`	mcp_serializer {
 		init_timeout 500ms
 		on_init_timeout synthesize
-		get_stream reject
 	}
 `+fpm.fastcgiDirectives()))
 	client := &http.Client{Timeout: 30 * time.Second}

@@ -20,7 +20,7 @@ type phpFPMOptions struct {
 	Workers    int    // pm.max_children with pm = static (default 8)
 	WorkMS     string // MCP_PHP_WORK_MS, random work per request, "MIN-MAX" ms (default "2-8")
 	ProgressMS int    // MCP_PHP_PROGRESS_MS, pause after each progress event (default 150)
-	GetSeconds int    // MCP_PHP_GET_SECONDS, lifetime of a GET stream (default 30)
+	GetSeconds int    // MCP_PHP_GET_SECONDS, lifetime of a GET stream (default 0: until the session or the client is gone)
 }
 
 // phpFPM is a running PHP-FPM master serving integration/php/public.
@@ -77,9 +77,6 @@ func startPHPFPM(t testing.TB, opts phpFPMOptions) *phpFPM {
 	if opts.ProgressMS == 0 {
 		opts.ProgressMS = 150
 	}
-	if opts.GetSeconds == 0 {
-		opts.GetSeconds = 30
-	}
 
 	// A short directory of its own: a unix socket path must fit in 108 bytes.
 	dir, err := os.MkdirTemp("", "mcp-fpm-")
@@ -117,7 +114,8 @@ listen.backlog = 511
 pm = static
 pm.max_children = %[4]d
 pm.max_requests = 0
-request_terminate_timeout = 120s
+; 0, as in Debian's pool: a GET stream may live as long as its session
+request_terminate_timeout = 0
 catch_workers_output = yes
 decorate_workers_output = no
 clear_env = yes

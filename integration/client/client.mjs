@@ -4,6 +4,7 @@
 //
 //   node client.mjs flow     --url URL [--n 5] [--expect-get]
 //   node client.mjs pipeline --url URL [--n 200] [--concurrency 8] [--get open|skip]
+//   node client.mjs sessions --url URL [--n 500] [--concurrency 8] [--timeout 20000]
 //
 // Human-readable progress goes to stderr; the last line on stdout is one JSON
 // object with the results, for the Go tests to parse.
@@ -25,6 +26,15 @@
 //   (the later tools/list fails). --get skip answers the SDK's GET locally
 //   with 405 (as a server without a GET stream would), so that GET streams
 //   do not pin PHP-FPM workers.
+//
+// sessions: N ordinary SDK clients, `--concurrency` of them at a time, each
+//   doing what an application's client does: connect (initialize, then
+//   `notifications/initialized` awaited, after whose 202 the SDK opens the
+//   GET stream by itself), logging/setLevel, tools/list, tools/call `echo`,
+//   then a later tools/list and tools/call as a check that the session still
+//   works, then DELETE and close. Each request times out after --timeout ms.
+//   Counts failed sessions by the step that failed, and the GET statuses
+//   ("none" when the GET had no answer before the session ended).
 
 import { performance } from 'node:perf_hooks';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
@@ -36,7 +46,7 @@ const MAX_SAMPLES = 20;
 
 function parseArgs(argv) {
   const [mode, ...rest] = argv;
-  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false };
+  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false, timeoutMs: REPLY_TIMEOUT_MS };
   for (let i = 0; i < rest.length; i++) {
     const arg = rest[i];
     const next = () => {
@@ -49,10 +59,12 @@ function parseArgs(argv) {
       case '--concurrency': opts.concurrency = Number.parseInt(next(), 10); break;
       case '--get': opts.get = next(); break;
       case '--expect-get': opts.expectGet = true; break;
+      case '--timeout': opts.timeoutMs = Number.parseInt(next(), 10); break;
       default: throw new Error(`unknown argument ${arg}`);
     }
   }
-  if (mode !== 'flow' && mode !== 'pipeline') throw new Error('mode must be flow or pipeline');
+  if (!['flow', 'pipeline', 'sessions'].includes(mode)) throw new Error('mode must be flow, pipeline or sessions');
+  if (!(opts.timeoutMs >= 1)) throw new Error('--timeout must be >= 1 (ms)');
   if (!opts.url) throw new Error('--url is required');
   if (opts.get !== 'open' && opts.get !== 'skip') throw new Error('--get must be open or skip');
   if (!(opts.concurrency >= 1)) throw new Error('--concurrency must be >= 1');
@@ -372,6 +384,91 @@ async function pipeline(opts) {
   return run;
 }
 
+// One ordinary SDK client session; returns its problems (empty when all
+// went well) and adds to the run's counters.
+async function sdkSession(opts, run, index) {
+  const stats = { exchanges: [] };
+  const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
+    fetch: recordingFetch(stats),
+    reconnectionOptions: noReconnect,
+  });
+  const client = new Client({ name: 'mcp-serializer-sessions', version: '1.0.0' });
+  client.onerror = () => {}; // failures are counted per step below
+  const requestOptions = { timeout: opts.timeoutMs };
+  const text = `session ${index}`;
+  const checkEcho = (result) => {
+    const got = result.content?.[0]?.text;
+    if (got !== text) throw new Error(`echo answered ${JSON.stringify(got)}`);
+  };
+  const checkTools = (result) => {
+    if (!result.tools?.some((tool) => tool.name === 'echo')) throw new Error('no echo tool listed');
+  };
+  const steps = [
+    ['connect', () => client.connect(transport, requestOptions)],
+    ['logging/setLevel', () => client.setLoggingLevel('info', requestOptions)],
+    ['tools/list', async () => checkTools(await client.listTools(undefined, requestOptions))],
+    ['tools/call', async () => checkEcho(await client.callTool({ name: 'echo', arguments: { text } }, undefined, requestOptions))],
+    ['later tools/list', async () => checkTools(await client.listTools(undefined, requestOptions))],
+    ['later tools/call', async () => checkEcho(await client.callTool({ name: 'echo', arguments: { text } }, undefined, requestOptions))],
+    ['delete', () => transport.terminateSession()],
+  ];
+  const problems = [];
+  try {
+    for (const [step, action] of steps) {
+      try {
+        await action();
+      } catch (err) {
+        run.failedSteps[step] = (run.failedSteps[step] ?? 0) + 1;
+        problems.push(`${step}: ${err?.message ?? err}`);
+        break;
+      }
+    }
+  } finally {
+    await client.close().catch(() => {});
+    const gets = stats.exchanges.filter((e) => e.method === 'GET');
+    for (const key of gets.length ? gets.map((e) => String(e.status)) : ['none']) {
+      run.getStatuses[key] = (run.getStatuses[key] ?? 0) + 1;
+    }
+  }
+  return problems;
+}
+
+async function sessions(opts) {
+  const n = opts.n ?? 500;
+  const run = {
+    mode: 'sessions',
+    n,
+    concurrency: opts.concurrency,
+    completed: 0,
+    failedSessions: 0,
+    failedSteps: {},
+    getStatuses: {},
+    samples: [],
+  };
+  let next = 0;
+  const started = performance.now();
+  const worker = async () => {
+    while (next < n) {
+      const index = next++;
+      const problems = await sdkSession(opts, run, index);
+      if (problems.length > 0) {
+        run.failedSessions += 1;
+        if (run.samples.length < MAX_SAMPLES) run.samples.push(`#${index}: ${problems.join('; ')}`);
+      } else {
+        run.completed += 1;
+      }
+      const done = run.completed + run.failedSessions;
+      if (done % 100 === 0 || done === n) log(`${done}/${n} sessions, ${run.failedSessions} failed`);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(opts.concurrency, n) }, worker));
+  run.elapsedMs = Math.round(performance.now() - started);
+  run.ok = run.failedSessions === 0 && run.completed === n;
+  return run;
+}
+
+const modes = { flow, pipeline, sessions };
+
 async function main() {
   let opts;
   try {
@@ -382,7 +479,7 @@ async function main() {
     process.exit(2);
   }
   try {
-    const result = opts.mode === 'flow' ? await flow(opts) : await pipeline(opts);
+    const result = await modes[opts.mode](opts);
     process.stdout.write(`${JSON.stringify(result)}\n`);
     process.exit(result.ok ? 0 : 1);
   } catch (err) {

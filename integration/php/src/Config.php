@@ -10,7 +10,9 @@ declare(strict_types=1);
  *   MCP_PHP_WORK_MS      random work per request between load and save,
  *                        "MIN-MAX" or "N" milliseconds (default "2-8")
  *   MCP_PHP_PROGRESS_MS  pause after each progress event of slow_count (default 150)
- *   MCP_PHP_GET_SECONDS  lifetime of a GET stream before it ends itself (default 30)
+ *   MCP_PHP_GET_SECONDS  lifetime of a GET stream before it ends itself; 0, the
+ *                        default, keeps it open until the session is gone or
+ *                        the client has left, as php-mcp does
  *   MCP_PHP_GET_POLL_MS  interval at which a GET stream re-reads and re-saves
  *                        the session record (default 1000)
  */
@@ -38,7 +40,7 @@ final class Config
             $min,
             $max,
             max(0, (int) self::value('MCP_PHP_PROGRESS_MS', '150')),
-            max(1, (int) self::value('MCP_PHP_GET_SECONDS', '30')),
+            max(0, (int) self::value('MCP_PHP_GET_SECONDS', '0')),
             max(10, (int) self::value('MCP_PHP_GET_POLL_MS', '1000')),
         );
     }

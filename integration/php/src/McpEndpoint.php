@@ -261,8 +261,10 @@ final class McpEndpoint
     /**
      * The server-to-client stream. Like php-mcp's, it polls the session
      * record and writes it back about once a second, outside any ordering
-     * of the session's POSTs. It ends by itself after a bounded time, when
-     * the session is gone, or when the client has left.
+     * of the session's POSTs, and holds its worker for as long as it runs:
+     * it ends only when the session is gone or a write to the client fails
+     * (a departed client is noticed at the next keepalive). With
+     * MCP_PHP_GET_SECONDS it also ends after that many seconds.
      */
     private function get(?string $sessionId): void
     {
@@ -275,7 +277,9 @@ final class McpEndpoint
         echo ": stream open\n\n";
         flush();
 
-        $deadline = microtime(true) + $this->config->getStreamSeconds;
+        $deadline = $this->config->getStreamSeconds > 0
+            ? microtime(true) + $this->config->getStreamSeconds
+            : INF;
         while (microtime(true) < $deadline) {
             usleep($this->config->getPollMs * 1000);
             if (connection_aborted()) {
