@@ -21,6 +21,7 @@ type phpFPMOptions struct {
 	WorkMS     string // MCP_PHP_WORK_MS, random work per request, "MIN-MAX" ms (default "2-8")
 	ProgressMS int    // MCP_PHP_PROGRESS_MS, pause after each progress event (default 150)
 	GetSeconds int    // MCP_PHP_GET_SECONDS, lifetime of a GET stream (default 0: until the session or the client is gone)
+	AppLock    bool   // MCP_PHP_APP_LOCK, a per-session lock around each POST and DELETE (default off)
 }
 
 // phpFPM is a running PHP-FPM master serving integration/php/public.
@@ -123,12 +124,13 @@ env[MCP_PHP_STORE] = %[5]s
 env[MCP_PHP_WORK_MS] = %[6]s
 env[MCP_PHP_PROGRESS_MS] = %[7]d
 env[MCP_PHP_GET_SECONDS] = %[8]d
+env[MCP_PHP_APP_LOCK] = %[10]d
 php_admin_value[output_buffering] = 0
 php_admin_flag[log_errors] = on
 php_admin_flag[display_errors] = off
 php_admin_value[error_log] = %[9]s
 php_admin_value[max_execution_time] = 120
-`, dir, errorLog, f.Socket, opts.Workers, f.Store, opts.WorkMS, opts.ProgressMS, opts.GetSeconds, phpLog)
+`, dir, errorLog, f.Socket, opts.Workers, f.Store, opts.WorkMS, opts.ProgressMS, opts.GetSeconds, phpLog, boolInt(opts.AppLock))
 	if err := os.WriteFile(conf, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -159,6 +161,13 @@ php_admin_value[max_execution_time] = 120
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // initStore creates the session store with the PHP CLI that comes with

@@ -10,6 +10,7 @@ declare(strict_types=1);
 
 require __DIR__ . '/../src/Config.php';
 require __DIR__ . '/../src/SessionStore.php';
+require __DIR__ . '/../src/SessionLock.php';
 
 $path = $argv[1] ?? Config::fromEnvironment()->storePath;
 (new SessionStore($path))->migrate();

@@ -15,6 +15,13 @@ declare(strict_types=1);
  *                        the client has left, as php-mcp does
  *   MCP_PHP_GET_POLL_MS  interval at which a GET stream re-reads and re-saves
  *                        the session record (default 1000)
+ *   MCP_PHP_APP_LOCK     "1": a per-session lock in the store around each POST
+ *                        and DELETE, like a Laravel middleware with Cache::lock
+ *                        (default off)
+ *   MCP_PHP_LOCK_SECONDS the lock's expiry (default 10)
+ *   MCP_PHP_LOCK_WAIT_MS how long a request waits for the lock before it fails
+ *                        with HTTP 500 (default 5000)
+ *   MCP_PHP_LOCK_RETRY_MS pause between tries while waiting (default 250)
  */
 final class Config
 {
@@ -25,6 +32,10 @@ final class Config
         public readonly int $progressPauseMs,
         public readonly int $getStreamSeconds,
         public readonly int $getPollMs,
+        public readonly bool $appLock = false,
+        public readonly int $lockSeconds = 10,
+        public readonly int $lockWaitMs = 5000,
+        public readonly int $lockRetryMs = 250,
     ) {
     }
 
@@ -42,6 +53,10 @@ final class Config
             max(0, (int) self::value('MCP_PHP_PROGRESS_MS', '150')),
             max(0, (int) self::value('MCP_PHP_GET_SECONDS', '0')),
             max(10, (int) self::value('MCP_PHP_GET_POLL_MS', '1000')),
+            appLock: in_array(strtolower(self::value('MCP_PHP_APP_LOCK', '0')), ['1', 'on', 'true', 'yes'], true),
+            lockSeconds: max(1, (int) self::value('MCP_PHP_LOCK_SECONDS', '10')),
+            lockWaitMs: max(0, (int) self::value('MCP_PHP_LOCK_WAIT_MS', '5000')),
+            lockRetryMs: max(1, (int) self::value('MCP_PHP_LOCK_RETRY_MS', '250')),
         );
     }
 

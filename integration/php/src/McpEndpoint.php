@@ -17,8 +17,9 @@ declare(strict_types=1);
  *    `initialize` is answered with -32600 "Client session not initialized.";
  *  - the GET stream re-reads and re-saves the record about once a second.
  *
- * Nothing here orders or locks the requests of one session: that is left to
- * whatever runs in front of PHP-FPM.
+ * Nothing here orders or locks the requests of one session (unless the
+ * opt-in app lock, MCP_PHP_APP_LOCK, is on): that is left to whatever runs
+ * in front of PHP-FPM.
  */
 final class McpEndpoint
 {
@@ -38,15 +39,49 @@ final class McpEndpoint
         $sessionId = $this->sessionHeader();
         try {
             match ($method) {
-                'POST' => $this->post($sessionId),
+                'POST' => $this->locked($sessionId, fn () => $this->post($sessionId)),
                 'GET' => $this->get($sessionId),
-                'DELETE' => $this->delete($sessionId),
+                'DELETE' => $this->locked($sessionId, fn () => $this->delete($sessionId)),
                 default => $this->methodNotAllowed(),
             };
+        } catch (SessionLockTimeout) {
+            // What Laravel shows for a LockTimeoutException thrown by a middleware: HTTP 500.
+            error_log('mcp endpoint: session lock wait timed out for session ' . substr(sha1((string) $sessionId), 0, 8));
+            if (!headers_sent()) {
+                $this->httpError(500, -32603, 'Internal error');
+            }
         } catch (Throwable $e) {
             error_log('mcp endpoint: ' . $e::class . ': ' . $e->getMessage());
             if (!headers_sent()) {
                 $this->httpError(500, -32603, 'Internal error');
+            }
+        }
+    }
+
+    /**
+     * Runs $handler for a request that carries a session id while holding
+     * that session's lock, when the app lock is on: what a Laravel
+     * middleware doing Cache::lock("mcp-session:{id}", 10)->block(5, $next)
+     * does. The response goes out after the release, as Laravel sends it
+     * after the middleware returned; a streamed response goes out as it is
+     * written, inside the lock.
+     */
+    private function locked(?string $sessionId, callable $handler): void
+    {
+        if (!$this->config->appLock || $sessionId === null) {
+            $handler();
+            return;
+        }
+        $lock = $this->store()->lock($sessionId, $this->config->lockSeconds);
+        $lock->block($this->config->lockWaitMs, $this->config->lockRetryMs);
+        $level = ob_get_level();
+        ob_start();
+        try {
+            $handler();
+        } finally {
+            $lock->release();
+            while (ob_get_level() > $level) {
+                ob_end_flush();
             }
         }
     }

@@ -30,7 +30,7 @@ final class SessionStore
     }
 
     /**
-     * Creates the table and switches the database to WAL mode (a setting
+     * Creates the tables and switches the database to WAL mode (a setting
      * stored in the file). Run once before the workers start (bin/init-store.php):
      * switching the journal mode while other connections are open fails with
      * "database is locked" no matter the busy timeout.
@@ -47,6 +47,19 @@ final class SessionStore
             . ' payload TEXT NOT NULL,'
             . ' updated_at REAL NOT NULL)'
         );
+        // Per-session locks of the opt-in app-lock mode (SessionLock).
+        $this->db->exec(
+            'CREATE TABLE IF NOT EXISTS mcp_locks ('
+            . ' name TEXT PRIMARY KEY,'
+            . ' owner TEXT NOT NULL,'
+            . ' expires_at REAL NOT NULL)'
+        );
+    }
+
+    /** The lock of one session, held in this store; it frees itself after $seconds. */
+    public function lock(string $sessionId, int $seconds): SessionLock
+    {
+        return SessionLock::forSession($this->db, $sessionId, $seconds);
     }
 
     /**
