@@ -136,6 +136,11 @@ type pipelineResult struct {
 	GetStatuses       map[string]int `json:"getStatuses"`
 	Samples           []string       `json:"samples"`
 	ElapsedMs         int            `json:"elapsedMs"`
+	// A connect from sending initialize until the later tools/list's reply,
+	// over the ConnectTimed connects whose initialize returned a session.
+	ConnectTimed int     `json:"connectTimed"`
+	ConnectP50Ms float64 `json:"connectP50Ms"`
+	ConnectP99Ms float64 `json:"connectP99Ms"`
 }
 
 func (r pipelineResult) summary() string {
@@ -148,6 +153,8 @@ func (r pipelineResult) summary() string {
 		", failed connects " + strconv.Itoa(r.FailedConnects) +
 		", unexpected replies " + strconv.Itoa(r.UnexpectedReplies) +
 		", GET statuses " + jsonString(r.GetStatuses) +
+		", connect p50 " + strconv.FormatFloat(r.ConnectP50Ms, 'f', 1, 64) + " ms" +
+		", p99 " + strconv.FormatFloat(r.ConnectP99Ms, 'f', 1, 64) + " ms" +
 		", in " + strconv.Itoa(r.ElapsedMs) + " ms"
 }
 

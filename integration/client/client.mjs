@@ -26,6 +26,10 @@
 //   (the later tools/list fails). --get skip answers the SDK's GET locally
 //   with 405 (as a server without a GET stream would), so that GET streams
 //   do not pin PHP-FPM workers.
+//   Connect latency (connectP50Ms, connectP99Ms over connectTimed connects):
+//   from sending `initialize` until the later tools/list has its reply (or
+//   has given up on it), for every connect whose `initialize` returned a
+//   session; DELETE and closing the transport are not included.
 //
 // sessions: N ordinary SDK clients, `--concurrency` of them at a time, each
 //   doing what an application's client does: connect (initialize, then
@@ -282,6 +286,7 @@ async function pipelineConnect(opts, run) {
   };
 
   try {
+    const connectStarted = performance.now();
     const init = request(0, 'initialize', {
       protocolVersion: LATEST_PROTOCOL_VERSION,
       capabilities: {},
@@ -310,6 +315,7 @@ async function pipelineConnect(opts, run) {
     const list = request(3, 'tools/list', {});
     await list.sent.catch(() => {});
     const listReply = await list.reply;
+    run.connectMs.push(performance.now() - connectStarted);
     if (!noteReply('later tools/list', listReply) || !Array.isArray(listReply.result?.tools)) {
       run.broken += 1;
     }
@@ -337,6 +343,14 @@ async function pipelineConnect(opts, run) {
   return problems;
 }
 
+// Nearest-rank percentile in ms, one decimal; 0 for no values.
+function percentile(values, p) {
+  if (values.length === 0) return 0;
+  const sorted = [...values].sort((a, b) => a - b);
+  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil(p * sorted.length) - 1));
+  return Math.round(sorted[i] * 10) / 10;
+}
+
 async function pipeline(opts) {
   const n = opts.n ?? 200;
   const run = {
@@ -354,6 +368,7 @@ async function pipeline(opts) {
     failedSessions: 0,
     getStatuses: {},
     samples: [],
+    connectMs: [],
   };
   let next = 0;
   let done = 0;
@@ -381,7 +396,11 @@ async function pipeline(opts) {
   run.httpErrorCount = Object.values(run.httpErrors).reduce((a, b) => a + b, 0);
   run.failures = run.rejections + run.httpErrorCount + run.idMismatches + run.broken + run.failedConnects + run.unexpectedReplies;
   run.ok = run.failures === 0 && run.connects === n;
-  return run;
+  const { connectMs, ...out } = run;
+  out.connectTimed = connectMs.length;
+  out.connectP50Ms = percentile(connectMs, 0.5);
+  out.connectP99Ms = percentile(connectMs, 0.99);
+  return out;
 }
 
 // One ordinary SDK client session; returns its problems (empty when all
