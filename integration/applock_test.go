@@ -4,11 +4,16 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 )
+
+// compareN is the number of pipelined connects per path in the comparison.
+const compareN = 300
 
 // appLockDirectives serves the PHP backend with its app lock turned on for
 // this site only (FastCGI parameters override the pool's environment), so
@@ -20,6 +25,92 @@ func (f *phpFPM) appLockDirectives(params ...string) string {
 		fmt.Fprintf(&env, "\t\tenv %s %s\n", params[i], params[i+1])
 	}
 	return fmt.Sprintf("\troot * %s\n\tphp_fastcgi unix/%s {\n%s\t}\n", f.PublicDir, f.Socket, env.String())
+}
+
+// What people do today against what the module does: the same pipelined
+// connects of the SDK client, one after another on the same PHP-FPM pool
+// (8 static workers), through Caddy with php_fastcgi alone, with the
+// application's own per-session lock (what the Laravel seed does with
+// Cache::lock), and with mcp_serializer in front of php_fastcgi. The lock
+// stops concurrent requests of a session from overwriting each other's
+// saves but not from running out of order: a request that gets the lock
+// before notifications/initialized is still rejected. The module does both.
+// The test logs the comparison as a table (README "Measured",
+// BENCHMARKS.md).
+func TestAppLockComparedWithTheModule(t *testing.T) {
+	prerequisites(t)
+	fpm := startPHPFPM(t, phpFPMOptions{Workers: 8})
+	paths := []struct {
+		name string
+		site string
+	}{
+		{"Caddy `php_fastcgi`, no protection", fpm.fastcgiDirectives()},
+		{"Caddy `php_fastcgi`, app lock (`MCP_PHP_APP_LOCK=1`)", fpm.appLockDirectives()},
+		{"Caddy `mcp_serializer` + `php_fastcgi`", "\tmcp_serializer\n" + fpm.fastcgiDirectives()},
+	}
+	results := make([]pipelineResult, len(paths))
+	for i, p := range paths {
+		base := startCaddy(t, caddySite(p.site))
+		// --get skip on every path: the SDK's GET stream would pin a
+		// worker per session; this compares the POSTs.
+		runClient(t, 10*time.Minute, &results[i], "pipeline", "--url", base+"/mcp",
+			"--n", strconv.Itoa(compareN), "--concurrency", "8", "--get", "skip")
+		t.Logf("%s: %s", p.name, results[i].summary())
+		logSamples(t, results[i].Samples)
+		if results[i].Error != "" {
+			t.Fatalf("%s: client error: %s", p.name, results[i].Error)
+		}
+	}
+	t.Logf("PHP error log (all paths): %s", fpm.logSummary())
+
+	var table strings.Builder
+	table.WriteString("\n| Path | Connects | Sessions with a failure | Rejected (-32600) | HTTP errors | Reply with the wrong id | Sessions left broken | Connect p50 | Connect p99 |\n|---|---|---|---|---|---|---|---|---|\n")
+	for i, p := range paths {
+		r := results[i]
+		fmt.Fprintf(&table, "| %s | %d | %d (%.0f%%) | %d | %s | %d | %d | %.0f ms | %.0f ms |\n",
+			p.name, r.N, r.FailedSessions, 100*float64(r.FailedSessions)/float64(max(r.N, 1)),
+			r.Rejections, httpErrorCells(r), r.IDMismatches, r.Broken, r.ConnectP50Ms, r.ConnectP99Ms)
+	}
+	t.Logf("%d pipelined connects per path, 8 at a time, same PHP-FPM pool (8 static workers):%s", compareN, table.String())
+
+	direct, locked, module := results[0], results[1], results[2]
+	if direct.Connects == 0 || locked.Connects == 0 {
+		t.Fatalf("no connect succeeded without the module (%d direct, %d with the app lock): the backend does not work at all", direct.Connects, locked.Connects)
+	}
+	if direct.FailedSessions == 0 {
+		t.Errorf("no protection: expected sessions with failures, got none: the race is not reproduced")
+	}
+	// The lock serializes the saves: no reply lost or handed to another
+	// request, no session left broken.
+	if locked.Broken != 0 || locked.IDMismatches != 0 || locked.HTTPErrorCount != 0 || locked.UnexpectedReplies != 0 {
+		t.Errorf("app lock: broken sessions %d, id mismatches %d, HTTP errors %v, unexpected replies %d; want none (the lock serializes load and save)",
+			locked.Broken, locked.IDMismatches, locked.HTTPErrors, locked.UnexpectedReplies)
+	}
+	// ... but it does not order: requests that took the lock before
+	// notifications/initialized are rejected.
+	if locked.Rejections == 0 {
+		t.Errorf("app lock: expected some -32600 rejections (a lock does not order the requests), got none")
+	}
+	if module.Failures != 0 || module.FailedSessions != 0 || module.Connects != compareN {
+		t.Errorf("mcp_serializer: %d failures in %d sessions, %d of %d connects; want none and all", module.Failures, module.FailedSessions, module.Connects, compareN)
+	}
+}
+
+// httpErrorCells is the HTTP error count with its breakdown, for the table.
+func httpErrorCells(r pipelineResult) string {
+	if r.HTTPErrorCount == 0 {
+		return "0"
+	}
+	keys := make([]string, 0, len(r.HTTPErrors))
+	for k := range r.HTTPErrors {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%d × %s", r.HTTPErrors[k], k)
+	}
+	return fmt.Sprintf("%d (%s)", r.HTTPErrorCount, strings.Join(parts, ", "))
 }
 
 // With the app lock on, a request that cannot get its session's lock within
