@@ -28,7 +28,12 @@
 // front of a handler that answers at once), and the queue's handoff alone.
 // The last line of output sums the run up for machines:
 //
-//	throughput_ratio_session=X throughput_ratio_sessionless=Y p50_added_us=Z p99_added_us=W handoff_us=H bytes_per_session=M
+//	throughput_ratio_session=X throughput_ratio_sessionless=Y p50_added_us=Z p99_added_us=W handoff_us=H bytes_per_session=M cpu_added_us_session=C cpu_added_us_sessionless=D queue_handoff_us=Q
+//
+// cpu_added_us_* is B's Caddy CPU per request minus A's (from /proc, over
+// all rounds of the scenario); queue_handoff_us is the in-process queue's
+// handoff alone (the "queue alone" row). A figure whose phase did not run
+// prints as NaN.
 //
 // Run it with `make bench`, or after `make caddy`:
 //

@@ -134,11 +134,7 @@ func (r *report) print(w io.Writer, elapsed time.Duration) {
 		row("  handoff = per request - upstream's service time (µs)", "", f1(gap), "", "≤ 20")
 		row("  per request - nominal service time (µs)", "", f1(wall-us(o.serviceTime)), "", "")
 		if len(r.queue) > 0 {
-			var h []float64
-			for _, q := range r.queue {
-				h = append(h, us(q.handoff()))
-			}
-			row("  the queue alone, in-process serializer.Table: handoff (µs)", "", f1(mean(h)), "", "")
+			row("  the queue alone, in-process serializer.Table: handoff (µs)", "", f1(queueHandoff(r.queue)), "", "")
 		}
 		wa, sa, ga := handoff(r.pipeA1, r.svcA1)
 		wb, sb, gb := handoff(r.pipeB1, r.svcB1)
@@ -198,8 +194,31 @@ func (r *report) print(w io.Writer, elapsed time.Duration) {
 	if r.mem.sessions > 0 {
 		perSession = r.mem.initialized
 	}
-	fmt.Fprintf(w, "throughput_ratio_session=%.3f throughput_ratio_sessionless=%.3f p50_added_us=%.1f p99_added_us=%.1f handoff_us=%.1f bytes_per_session=%.0f\n",
-		sessionRatio, sessionlessRatio, added50, added99, gap, perSession)
+	fmt.Fprintf(w, "throughput_ratio_session=%.3f throughput_ratio_sessionless=%.3f p50_added_us=%.1f p99_added_us=%.1f handoff_us=%.1f bytes_per_session=%.0f cpu_added_us_session=%.1f cpu_added_us_sessionless=%.1f queue_handoff_us=%.1f\n",
+		sessionRatio, sessionlessRatio, added50, added99, gap, perSession,
+		r.session.cpuAdded(), r.sessionless.cpuAdded(), queueHandoff(r.queue))
+}
+
+// cpuAdded is B's Caddy CPU per request minus A's, over all rounds (µs);
+// NaN when the scenario did not run.
+func (s pairSeries) cpuAdded() float64 {
+	if len(s.a) == 0 || len(s.b) == 0 {
+		return math.NaN()
+	}
+	return cpuPerRequest(s.b) - cpuPerRequest(s.a)
+}
+
+// queueHandoff is the mean handoff of the in-process queue rounds (µs);
+// NaN when none ran.
+func queueHandoff(qs []queueResult) float64 {
+	if len(qs) == 0 {
+		return math.NaN()
+	}
+	var h []float64
+	for _, q := range qs {
+		h = append(h, us(q.handoff()))
+	}
+	return mean(h)
 }
 
 func f0(x float64) string { return fmt.Sprintf("%.0f", x) }
