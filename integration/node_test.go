@@ -138,9 +138,10 @@ type pipelineResult struct {
 	ElapsedMs         int            `json:"elapsedMs"`
 	// A connect from sending initialize until the later tools/list's reply,
 	// over the ConnectTimed connects whose initialize returned a session.
-	ConnectTimed int     `json:"connectTimed"`
-	ConnectP50Ms float64 `json:"connectP50Ms"`
-	ConnectP99Ms float64 `json:"connectP99Ms"`
+	ConnectTimed int       `json:"connectTimed"`
+	ConnectP50Ms float64   `json:"connectP50Ms"`
+	ConnectP99Ms float64   `json:"connectP99Ms"`
+	ConnectMs    []float64 `json:"connectMs"` // each timed connect
 }
 
 func (r pipelineResult) summary() string {

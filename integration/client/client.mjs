@@ -26,10 +26,11 @@
 //   (the later tools/list fails). --get skip answers the SDK's GET locally
 //   with 405 (as a server without a GET stream would), so that GET streams
 //   do not pin PHP-FPM workers.
-//   Connect latency (connectP50Ms, connectP99Ms over connectTimed connects):
-//   from sending `initialize` until the later tools/list has its reply (or
-//   has given up on it), for every connect whose `initialize` returned a
-//   session; DELETE and closing the transport are not included.
+//   Connect latency (connectP50Ms, connectP99Ms over connectTimed connects,
+//   each in connectMs): from sending `initialize` until the later tools/list
+//   has its reply (or has given up on it), for every connect whose
+//   `initialize` returned a session; DELETE and closing the transport are
+//   not included.
 //
 // sessions: N ordinary SDK clients, `--concurrency` of them at a time, each
 //   doing what an application's client does: connect (initialize, then
@@ -396,11 +397,11 @@ async function pipeline(opts) {
   run.httpErrorCount = Object.values(run.httpErrors).reduce((a, b) => a + b, 0);
   run.failures = run.rejections + run.httpErrorCount + run.idMismatches + run.broken + run.failedConnects + run.unexpectedReplies;
   run.ok = run.failures === 0 && run.connects === n;
-  const { connectMs, ...out } = run;
-  out.connectTimed = connectMs.length;
-  out.connectP50Ms = percentile(connectMs, 0.5);
-  out.connectP99Ms = percentile(connectMs, 0.99);
-  return out;
+  run.connectTimed = run.connectMs.length;
+  run.connectP50Ms = percentile(run.connectMs, 0.5);
+  run.connectP99Ms = percentile(run.connectMs, 0.99);
+  run.connectMs = run.connectMs.map((ms) => Math.round(ms * 10) / 10);
+  return run;
 }
 
 // One ordinary SDK client session; returns its problems (empty when all
