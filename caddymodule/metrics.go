@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
@@ -103,3 +104,9 @@ func (e events) GateTimedOut(id string, action serializer.TimeoutAction) {
 }
 
 func (events) Evicted() { metrics.evictions.Inc() }
+
+func (e events) Adopted(id string, gated bool) {
+	if c := e.logger.Check(zapcore.DebugLevel, "session met first here, looked up in shared state"); c != nil {
+		c.Write(zap.String("session", sessionHash(id)), zap.Bool("gated", gated))
+	}
+}

@@ -71,7 +71,7 @@ func validSessionID(id string) bool {
 func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	ew := &exchangeWriter{
 		ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		begin:                 sessionStart{h: h, r: r, next: next},
+		h:                     h, r: r, next: next, sessionless: true,
 	}
 	// Deferred so that a panic downstream still frees the new session's slot.
 	defer func() { ew.turn.Done(ew.status) }()
@@ -103,14 +103,16 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request, 
 
 // serveInTurn forwards the request once it is the session's turn.
 func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, traits serializer.Traits, reqID []byte) error {
-	turn, err := h.table.Acquire(r.Context(), id, traits)
+	// Made before the turn: the table may ask it for a synthesizer.
+	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r, next: next}
+	turn, err := h.table.AcquireFrom(r.Context(), id, traits, ew)
 	if err != nil {
 		return h.rejectWait(w, r, id, err, reqID)
 	}
 	if turn.Overtook() {
 		metrics.overtakes.Inc()
 	}
-	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, turn: turn}
+	ew.turn = turn
 	// Deferred so that a panic downstream still frees the slot.
 	defer func() { ew.turn.Done(ew.status) }()
 	err = next.ServeHTTP(ew, r)

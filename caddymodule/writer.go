@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -19,15 +20,20 @@ type exchangeWriter struct {
 	status int // final status sent; 0 until then
 	turn   serializer.Turn
 
-	// Set for a session-less POST, to start a session from its response.
-	begin sessionStart
+	// The request being served: a session-less POST begins a session from
+	// its response; a request of a session adopted from shared state may
+	// be asked for the synthesize action's sender (Synthesizer).
+	h           *Handler
+	r           *http.Request
+	next        caddyhttp.Handler
+	sessionless bool
 }
 
-// sessionStart is what a session-less POST needs to begin a session.
-type sessionStart struct {
-	h    *Handler
-	r    *http.Request
-	next caddyhttp.Handler
+// Synthesizer lets the table build, from this request, the sender of the
+// synthesize action for a session it has just adopted gated; it is never
+// called for a session already known here.
+func (w *exchangeWriter) Synthesizer(id string) func(context.Context) bool {
+	return w.h.synthesizer(w.r, w.next, id)
 }
 
 func (w *exchangeWriter) WriteHeader(status int) {
@@ -40,8 +46,8 @@ func (w *exchangeWriter) WriteHeader(status int) {
 
 func (w *exchangeWriter) onFinalHeader() {
 	header := w.Header()
-	if w.begin.h != nil {
-		w.turn = w.begin.h.beginSession(w.status, header, w.begin.r, w.begin.next)
+	if w.sessionless {
+		w.turn = w.h.beginSession(w.status, header, w.r, w.next)
 	}
 	if isEventStream(header) {
 		w.turn.Streaming()

@@ -55,6 +55,10 @@ type Config struct {
 	Clock  Clock  // nil: the system clock
 	Events Events // nil: no events
 	Store  Store  // nil: sessions are known to this table only
+	// StoreTimeout bounds each call to Store (a context deadline). A
+	// request waits on the store only while its session is first looked
+	// up, and never longer than QueueTimeout.
+	StoreTimeout time.Duration
 }
 
 // Defaults returns the documented default limits.
@@ -66,6 +70,7 @@ func Defaults() Config {
 		MaxQueue:      32,
 		MaxSessions:   100_000,
 		SessionTTL:    time.Hour,
+		StoreTimeout:  time.Second,
 	}
 }
 
@@ -84,6 +89,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max_sessions must be at least 1, got %d", c.MaxSessions)
 	case c.SessionTTL <= 0:
 		return fmt.Errorf("session_ttl must be positive, got %s", c.SessionTTL)
+	case c.StoreTimeout <= 0:
+		return fmt.Errorf("store_timeout must be positive, got %s", c.StoreTimeout)
 	}
 	return nil
 }
@@ -115,6 +122,10 @@ type Events interface {
 	GateTimedOut(sessionID string, action TimeoutAction)
 	// Evicted reports an idle session forgotten to stay within MaxSessions.
 	Evicted()
+	// Adopted reports a session this table met first through a request
+	// and looked up in the Store: gated if the record said it was still
+	// initializing, else (open, missing, or the store failed) queue only.
+	Adopted(sessionID string, gated bool)
 }
 
 type noEvents struct{}
@@ -123,3 +134,4 @@ func (noEvents) Waited(time.Duration)               {}
 func (noEvents) Held()                              {}
 func (noEvents) GateTimedOut(string, TimeoutAction) {}
 func (noEvents) Evicted()                           {}
+func (noEvents) Adopted(string, bool)               {}

@@ -46,11 +46,17 @@ type Session struct {
 	gateOpens chan struct{} // closed when the gate leaves gateInitializing
 	stopInit  func() bool   // cancels the init timeout
 	synth     func(context.Context) bool
+
+	// With a Store only.
+	lookingUp bool      // the gate's state awaits the Store's answer
+	writes    []storeOp // Store writes not sent yet, in order
+	writing   bool      // a goroutine is sending writes
 }
 
 // waiter is a request waiting for its turn.
 type waiter struct {
 	traits   Traits
+	src      SynthSource   // nil unless the caller gave one
 	ready    chan struct{} // closed once decided
 	err      error         // the decision: nil is a turn
 	overtake bool          // the turn is outside the slot (RepliesOnly)
@@ -62,6 +68,7 @@ type Turn struct {
 	s        *Session
 	traits   Traits
 	overtake bool
+	begins   bool // the initialize exchange that created the session
 }
 
 // Streaming records that the response is an event stream, which lets
@@ -89,8 +96,12 @@ func (t Turn) Done(status int) {
 	if !t.overtake {
 		s.inFlight, s.streaming = false, false
 	}
+	if t.begins {
+		s.record(opInitializeEnded)
+	}
 	if ok && t.traits.Has(CarriesInitialized) && s.gate != gateOpen {
 		s.openGate()
+		s.record(opOpened)
 	}
 	s.dispatch()
 	s.mu.Unlock()
@@ -143,12 +154,17 @@ func (s *Session) canOvertake(t Traits) bool {
 	return t.Has(RepliesOnly) && s.inFlight && s.streaming && s.gate == gateOpen
 }
 
-func (s *Session) enter(ctx context.Context, traits Traits) (Turn, error) {
+func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Turn, error) {
 	cfg := s.table.config()
 	if err := ctx.Err(); err != nil {
 		return Turn{}, err
 	}
 	s.mu.Lock()
+	if s.gate == gateInitializing && s.synth == nil && src != nil && !s.lookingUp && cfg.OnInitTimeout == Synthesize {
+		// An adopted session (or one adopted before a reload turned on
+		// synthesize): this request, still ours, can supply the sender.
+		s.synth = src.Synthesizer(s.id)
+	}
 	// dispatch keeps "slot free and an admitted request waiting" from ever
 	// lasting, so a free slot means nobody admitted is ahead of us.
 	switch {
@@ -168,9 +184,9 @@ func (s *Session) enter(ctx context.Context, traits Traits) (Turn, error) {
 		s.mu.Unlock()
 		return Turn{}, ErrQueueFull
 	}
-	w := &waiter{traits: traits, ready: make(chan struct{})}
+	w := &waiter{traits: traits, src: src, ready: make(chan struct{})}
 	s.waiting = append(s.waiting, w)
-	held := !s.admits(traits)
+	held := !s.admits(traits) && !s.lookingUp
 	s.mu.Unlock()
 	if held {
 		cfg.Events.Held()
@@ -280,11 +296,22 @@ func (s *Session) openGate() {
 	s.synth = nil
 }
 
-// initExpired applies OnInitTimeout to a session still gated.
+// initExpired applies OnInitTimeout to a session still gated. With a
+// Store it first asks whether the gate opened on another instance.
 func (s *Session) initExpired() {
-	cfg := s.table.config()
+	if store := s.table.config().Store; store != nil {
+		go s.confirmInitTimeout(store)
+		return
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.applyInitTimeout()
+	s.mu.Unlock()
+}
+
+// applyInitTimeout applies OnInitTimeout to a session still gated.
+// Caller holds s.mu.
+func (s *Session) applyInitTimeout() {
+	cfg := s.table.config()
 	if s.gate != gateInitializing {
 		return
 	}
@@ -324,10 +351,12 @@ func (s *Session) synthesize(send func(context.Context) bool, timeout time.Durat
 func (s *Session) waitGate(ctx context.Context) error {
 	cfg := s.table.config()
 	s.mu.Lock()
-	gate, opens := s.gate, s.gateOpens
+	gate, opens, lookingUp := s.gate, s.gateOpens, s.lookingUp
 	s.mu.Unlock()
 	if gate == gateInitializing {
-		cfg.Events.Held()
+		if !lookingUp {
+			cfg.Events.Held()
+		}
 		expired := make(chan struct{})
 		stop := s.table.clock.AfterFunc(cfg.QueueTimeout, func() { close(expired) })
 		defer stop()

@@ -12,8 +12,16 @@ import (
 //
 // A session id is a credential: implementations must key records by a
 // hash of it, never by the id. Each call must return within the
-// implementation's own bound; an error means "unknown", and the table
-// falls back to its local behaviour.
+// implementation's own bound and honour its context's deadline (the table
+// sets one of Config.StoreTimeout); an error means "unknown", and the
+// table falls back to its local behaviour.
+//
+// The table calls Created synchronously, before the new session's id
+// reaches its client, and sends a session's later writes (InitializeEnded,
+// Opened, Forget) from one goroutine per session, in that order, without
+// holding any request back. Writes other than Created never recreate a
+// missing record, and never turn an open record back into an initializing
+// one: an instance's writes may arrive after another instance's.
 type Store interface {
 	// Created records a session this instance has just created: still
 	// initializing, with its initialize exchange in flight, gated until
@@ -43,4 +51,16 @@ type Record struct {
 	// the initialize exchange's response is still being sent.
 	InitDeadline       time.Time
 	InitializeInFlight bool
+}
+
+// SynthSource is the request behind an Acquire, as the caller knows it.
+// The table asks it for the function the Synthesize action calls only for
+// a session it has just adopted gated from the Store (a session created
+// here gets that function from Begin), and only while the request is
+// still waiting for its turn, so the request may be read without a lock.
+type SynthSource interface {
+	// Synthesizer returns a function that sends notifications/initialized
+	// upstream for session id through Table.Acquire and reports its
+	// success, or nil if it cannot.
+	Synthesizer(id string) func(context.Context) bool
 }

@@ -18,6 +18,11 @@ type Table struct {
 	lru    *lru.Cache[string, *Session]
 	stop   chan struct{}
 	closed sync.WaitGroup
+
+	// With a Store: when the last round of Touch began (unix nanoseconds,
+	// guarded by mu), and whether one is still running.
+	touchedAt int64
+	touching  atomic.Bool
 }
 
 // NewTable returns a table with its janitor running; Close stops it.
@@ -26,6 +31,7 @@ func NewTable(cfg Config) *Table {
 	if t.clock == nil {
 		t.clock = systemClock{}
 	}
+	t.touchedAt = t.clock.Now().UnixNano()
 	// The cache never evicts by itself: add makes room first, skipping
 	// sessions in use, so the callback has nothing to do.
 	t.lru, _ = lru.NewWithEvict[string, *Session](max(cfg.MaxSessions, 1), nil)
@@ -66,10 +72,25 @@ func (t *Table) Close() {
 func (t *Table) Len() int { return t.lru.Len() }
 
 // Acquire waits for the request's turn in session id, tracking the session
-// (queue only, no gate) if it is unknown.
+// if it is unknown: queue only, no gate, or, with a Store, as its record
+// says (see AcquireFrom).
 func (t *Table) Acquire(ctx context.Context, id string, traits Traits) (Turn, error) {
+	return t.AcquireFrom(ctx, id, traits, nil)
+}
+
+// AcquireFrom is Acquire for a request that can supply, through src, the
+// sender of the Synthesize action should its session be adopted gated.
+//
+// With a Store, the first request for an id unknown here has the record
+// looked up, once: the new session holds its own slot meanwhile, so that
+// requests arriving in between queue in arrival order. A record still
+// initializing makes the session gated, with what is left of its
+// init_timeout; anything else (open, missing, or no answer within
+// StoreTimeout) leaves it queue only. A session known here never costs a
+// Store call per request.
+func (t *Table) AcquireFrom(ctx context.Context, id string, traits Traits, src SynthSource) (Turn, error) {
 	s := t.ref(id, true)
-	turn, err := s.enter(ctx, traits)
+	turn, err := s.enter(ctx, traits, src)
 	if err != nil {
 		s.unref()
 	}
@@ -77,9 +98,10 @@ func (t *Table) Acquire(ctx context.Context, id string, traits Traits) (Turn, er
 }
 
 // WaitGate waits until session id may stream to its client: at once unless
-// the session is still initializing.
+// the session is still initializing. Without a Store an unknown session
+// is not tracked; with one it is looked up as by Acquire.
 func (t *Table) WaitGate(ctx context.Context, id string) error {
-	s := t.ref(id, false)
+	s := t.ref(id, t.config().Store != nil)
 	if s == nil {
 		return nil
 	}
@@ -92,11 +114,17 @@ func (t *Table) WaitGate(ctx context.Context, id string) error {
 // session's slot for the rest of the initialize exchange. synth, used by
 // the Synthesize action, sends notifications/initialized upstream through
 // Acquire and reports its success. ok is false if id was known already.
+//
+// Call it before the session id reaches the client: with a Store, Begin
+// writes the session's record (Created) before it returns, so that no
+// follow-up can reach another instance first. It waits at most
+// StoreTimeout for that, and a failed write only leaves the session
+// unknown elsewhere.
 func (t *Table) Begin(id string, synth func(context.Context) bool) (turn Turn, ok bool) {
 	cfg := t.config()
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.lru.Contains(id) {
+		t.mu.Unlock()
 		return Turn{}, false
 	}
 	s := t.add(id)
@@ -106,11 +134,21 @@ func (t *Table) Begin(id string, synth func(context.Context) bool) (turn Turn, o
 	s.gateOpens = make(chan struct{})
 	s.synth = synth
 	s.stopInit = t.clock.AfterFunc(cfg.InitTimeout, s.initExpired)
-	return Turn{s: s}, true
+	t.mu.Unlock()
+	if cfg.Store != nil {
+		// Outside the table lock: other sessions must not wait on the
+		// store. The slot is held, so none of this session's can go.
+		deadline := t.clock.Now().Add(cfg.InitTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.StoreTimeout)
+		_ = cfg.Store.Created(ctx, id, deadline)
+		cancel()
+	}
+	return Turn{s: s, begins: true}, true
 }
 
 // ref finds (or, with create, makes) session id and counts a reference,
 // under the table lock so eviction never takes a session being entered.
+// A session made here with a Store starts its lookup.
 func (t *Table) ref(id string, create bool) *Session {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -120,6 +158,9 @@ func (t *Table) ref(id string, create bool) *Session {
 			return nil
 		}
 		s = t.add(id)
+		if store := t.config().Store; store != nil {
+			s.startLookup(store)
+		}
 	}
 	s.refs.Add(1)
 	s.lastUsed.Store(t.clock.Now().UnixNano())
@@ -178,6 +219,7 @@ func (t *Table) drop(s *Session) {
 	t.mu.Unlock()
 	// A message still held would otherwise wait for a gate nobody opens.
 	s.mu.Lock()
+	s.record(opForget)
 	if s.gate == gateInitializing {
 		s.openGate()
 		s.dispatch()
@@ -185,13 +227,17 @@ func (t *Table) drop(s *Session) {
 	s.mu.Unlock()
 }
 
-// Sweep forgets sessions idle for longer than SessionTTL. The janitor
-// calls it periodically; tests call it directly.
+// Sweep forgets sessions idle for longer than SessionTTL and, with a
+// Store, refreshes the records of sessions used lately (see touchRecords).
+// The janitor calls it periodically; tests call it directly.
 func (t *Table) Sweep() {
 	cfg := t.config()
 	cutoff := t.clock.Now().Add(-cfg.SessionTTL).UnixNano()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if cfg.Store != nil {
+		t.touchRecords(cfg)
+	}
 	for range t.lru.Len() {
 		id, s, ok := t.lru.GetOldest()
 		if !ok {

@@ -1,0 +1,248 @@
+package serializer
+
+import (
+	"context"
+	"time"
+)
+
+// What a table does with a Store, beside Begin's Created: the later writes
+// of a session, the lookup of an id met first through a request, the check
+// before acting at init_timeout, and the refresh of live records. None of
+// it runs for a table without a Store.
+
+// storeOp is a write to the Store queued by a session.
+type storeOp uint8
+
+const (
+	opInitializeEnded storeOp = iota
+	opOpened
+	opForget
+)
+
+// Backoff between lookups of a record whose initialize exchange is still
+// in flight on another instance: short, since an initialize answer takes
+// milliseconds, and capped so a long one costs a few calls a second.
+const (
+	inFlightFirstBackoff = 5 * time.Millisecond
+	inFlightMaxBackoff   = 100 * time.Millisecond
+)
+
+// touchFailuresToStop ends a round of Touch early: a store that failed
+// this many calls in a row is down, and the next round will try again.
+const touchFailuresToStop = 3
+
+// record queues a write of s's state to the Store, if there is one. The
+// writes of a session go from one goroutine, in the order queued, so the
+// store never sees Opened or Forget before the Created and
+// InitializeEnded that came first here. Caller holds s.mu.
+func (s *Session) record(op storeOp) {
+	if s.table.config().Store == nil {
+		return
+	}
+	s.writes = append(s.writes, op)
+	if !s.writing {
+		s.writing = true
+		go s.sendWrites()
+	}
+}
+
+// sendWrites sends s's queued writes until none is left.
+func (s *Session) sendWrites() {
+	for {
+		s.mu.Lock()
+		if len(s.writes) == 0 {
+			s.writes, s.writing = nil, false
+			s.mu.Unlock()
+			return
+		}
+		op := s.writes[0]
+		s.writes = s.writes[1:]
+		s.mu.Unlock()
+
+		cfg := s.table.config()
+		if cfg.Store == nil {
+			continue // a reload turned the store off
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.StoreTimeout)
+		switch op {
+		case opInitializeEnded:
+			_ = cfg.Store.InitializeEnded(ctx, s.id)
+		case opOpened:
+			_ = cfg.Store.Opened(ctx, s.id)
+		case opForget:
+			_ = cfg.Store.Forget(ctx, s.id)
+		}
+		cancel()
+	}
+}
+
+// lookupRecord asks the store for id's record, bounded by StoreTimeout.
+func lookupRecord(store Store, cfg *Config, id string) (Record, bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.StoreTimeout)
+	defer cancel()
+	return store.Lookup(ctx, id)
+}
+
+// startLookup makes s, just added for an id met first through a request,
+// hold its own slot and a closed gate until the store has answered, then
+// looks the id up. Caller holds s.table.mu; nobody else has s yet.
+func (s *Session) startLookup(store Store) {
+	s.refs.Add(1) // the lookup's: s must not be evicted meanwhile
+	s.inFlight = true
+	s.lookingUp = true
+	s.gate = gateInitializing
+	s.gateOpens = make(chan struct{})
+	go s.adopt(store)
+}
+
+// adopt settles the gate of s from the store's record, then frees the
+// slot startLookup took. While the record says the initialize exchange is
+// still in flight on another instance, the slot stays taken (so that not
+// even notifications/initialized overtakes it) and the record is read
+// again, with a short backoff, for at most QueueTimeout.
+func (s *Session) adopt(store Store) {
+	defer s.unref()
+	clock := s.table.clock
+	cfg := s.table.config()
+	rec, found, err := lookupRecord(store, cfg, s.id)
+	gated := err == nil && found && !rec.Open
+
+	s.mu.Lock()
+	s.lookingUp = false
+	if gated {
+		s.gateUntil(rec.InitDeadline)
+	} else {
+		s.openGate()
+	}
+	s.mu.Unlock()
+	cfg.Events.Adopted(s.id, gated)
+
+	giveUp := clock.Now().Add(cfg.QueueTimeout)
+	backoff := inFlightFirstBackoff
+	for gated && rec.InitializeInFlight && clock.Now().Before(giveUp) {
+		if !s.table.sleep(backoff) {
+			break
+		}
+		backoff = min(2*backoff, inFlightMaxBackoff)
+		rec, found, err = lookupRecord(store, s.table.config(), s.id)
+		if err != nil {
+			break // keep the gate as last known; stop waiting
+		}
+		if !found || rec.Open {
+			// Opened, ended or expired meanwhile: nothing to hold for.
+			s.mu.Lock()
+			if s.gate == gateInitializing {
+				s.openGate()
+			}
+			s.mu.Unlock()
+			break
+		}
+	}
+
+	s.mu.Lock()
+	s.inFlight = false
+	s.dispatch()
+	s.mu.Unlock()
+}
+
+// gateUntil keeps the gate of an adopted session closed until deadline,
+// the creating instance's, then applies OnInitTimeout as a session begun
+// here would; at once if the deadline has passed. It takes the sender of
+// the Synthesize action from the first waiting request that can supply
+// one. Caller holds s.mu.
+func (s *Session) gateUntil(deadline time.Time) {
+	cfg := s.table.config()
+	if cfg.OnInitTimeout == Synthesize && s.synth == nil {
+		for _, w := range s.waiting {
+			if w.src == nil {
+				continue
+			}
+			if s.synth = w.src.Synthesizer(s.id); s.synth != nil {
+				break
+			}
+		}
+	}
+	left := deadline.Sub(s.table.clock.Now())
+	if left <= 0 {
+		// The record said initializing a moment ago: no need to ask again.
+		s.applyInitTimeout()
+		return
+	}
+	s.stopInit = s.table.clock.AfterFunc(left, s.initExpired)
+}
+
+// confirmInitTimeout runs when a session's init_timeout has passed, with a
+// Store: the client's notifications/initialized may have been acknowledged
+// on another instance (a front that hashes the session id sends the
+// follow-ups of a session created here elsewhere). Then the gate opens
+// here too, quietly; else OnInitTimeout applies as without a Store.
+func (s *Session) confirmInitTimeout(store Store) {
+	rec, found, err := lookupRecord(store, s.table.config(), s.id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gate != gateInitializing {
+		return
+	}
+	if err == nil && found && rec.Open {
+		s.stopInit = nil
+		s.openGate()
+		s.dispatch()
+		return
+	}
+	s.applyInitTimeout()
+}
+
+// sleep waits d on the table's clock; false if the table closed first.
+func (t *Table) sleep(d time.Duration) bool {
+	woke := make(chan struct{})
+	stop := t.clock.AfterFunc(d, func() { close(woke) })
+	select {
+	case <-woke:
+		return true
+	case <-t.stop:
+		stop()
+		return false
+	}
+}
+
+// touchEvery spaces the refreshes of a live session's record: often enough
+// that a record outlives its session's idle time (SessionTTL) by a margin,
+// rarely enough to cost nothing per request.
+func touchEvery(ttl time.Duration) time.Duration { return ttl / 3 }
+
+// touchRecords starts a round of Touch for the sessions used since the
+// last round began, at most once per touchEvery, in the background and
+// one round at a time. Caller holds t.mu.
+func (t *Table) touchRecords(cfg *Config) {
+	now := t.clock.Now().UnixNano()
+	since := t.touchedAt
+	if now-since < int64(touchEvery(cfg.SessionTTL)) || !t.touching.CompareAndSwap(false, true) {
+		return
+	}
+	t.touchedAt = now
+	var ids []string
+	for _, s := range t.lru.Values() {
+		if s.lastUsed.Load() >= since {
+			ids = append(ids, s.id)
+		}
+	}
+	go func() {
+		defer t.touching.Store(false)
+		failed := 0
+		for _, id := range ids {
+			select {
+			case <-t.stop:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), cfg.StoreTimeout)
+			err := cfg.Store.Touch(ctx, id)
+			cancel()
+			if err == nil {
+				failed = 0
+			} else if failed++; failed == touchFailuresToStop {
+				return
+			}
+		}
+	}()
+}
