@@ -55,9 +55,10 @@ type Config struct {
 	Clock  Clock  // nil: the system clock
 	Events Events // nil: no events
 	Store  Store  // nil: sessions are known to this table only
-	// StoreTimeout bounds each call to Store (a context deadline). A
-	// request waits on the store only while its session is first looked
-	// up, and never longer than QueueTimeout.
+	// StoreTimeout bounds each call to Store (a context deadline): the
+	// initialize answer waits at most this long for Created, the first
+	// requests of a session unknown here at most this long (and at most
+	// QueueTimeout/2) for its lookup. Nothing else waits on the store.
 	StoreTimeout time.Duration
 }
 

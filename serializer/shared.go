@@ -76,9 +76,11 @@ func (s *Session) sendWrites() {
 	}
 }
 
-// lookupRecord asks the store for id's record, bounded by StoreTimeout.
+// lookupRecord asks the store for id's record, bounded by StoreTimeout
+// and by half of QueueTimeout: the requests waiting for the answer must
+// still have time to be served.
 func lookupRecord(store Store, cfg *Config, id string) (Record, bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.StoreTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), min(cfg.StoreTimeout, cfg.QueueTimeout/2))
 	defer cancel()
 	return store.Lookup(ctx, id)
 }
@@ -99,7 +101,8 @@ func (s *Session) startLookup(store Store) {
 // slot startLookup took. While the record says the initialize exchange is
 // still in flight on another instance, the slot stays taken (so that not
 // even notifications/initialized overtakes it) and the record is read
-// again, with a short backoff, for at most QueueTimeout.
+// again, with a short backoff, for at most half of QueueTimeout, so that
+// the requests waiting behind it are still served in time.
 func (s *Session) adopt(store Store) {
 	defer s.unref()
 	clock := s.table.clock
@@ -117,7 +120,7 @@ func (s *Session) adopt(store Store) {
 	s.mu.Unlock()
 	cfg.Events.Adopted(s.id, gated)
 
-	giveUp := clock.Now().Add(cfg.QueueTimeout)
+	giveUp := clock.Now().Add(cfg.QueueTimeout / 2)
 	backoff := inFlightFirstBackoff
 	for gated && rec.InitializeInFlight && clock.Now().Before(giveUp) {
 		if !s.table.sleep(backoff) {

@@ -623,3 +623,41 @@ func TestTouchRefreshesUsedRecordsAFewTimesPerTTL(t *testing.T) {
 		t.Fatalf("touches = %v, want %v: both once, then only the one used since", got, want)
 	}
 }
+
+func TestLookupSlowerThanHalfTheQueueTimeoutFallsBackToQueueOnly(t *testing.T) {
+	store := newFakeStore()
+	store.block = make(chan struct{})
+	defer close(store.block)
+	tabs, _ := newInstances(t, 1, store, func(c *Config) {
+		c.StoreTimeout = time.Hour // a store bound set too high
+		c.QueueTimeout = 40 * time.Millisecond
+	})
+	r := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.turn.Done(200)
+}
+
+func TestInitializeStuckElsewhereHoldsFollowUpsAtMostHalfTheQueueTimeout(t *testing.T) {
+	store := newFakeStore()
+	tabs, clock := newInstances(t, 2, store, func(c *Config) { c.QueueTimeout = 2 * time.Second })
+	creator, other := tabs[0], tabs[1]
+	initialize, _ := creator.Begin("s", nil) // never ends
+	defer initialize.Done(200)
+	initialized := acquireAsync(t, other, bg, "s", CarriesInitialized)
+	var r result
+	eventually(t, func() bool {
+		clock.Advance(inFlightMaxBackoff)
+		select {
+		case r = <-initialized:
+			return true
+		default:
+			return false
+		}
+	})
+	if r.err != nil {
+		t.Fatalf("initialized behind an initialize stuck elsewhere: %v, want its turn before queue_timeout", r.err)
+	}
+	r.turn.Done(202)
+}

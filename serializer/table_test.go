@@ -119,6 +119,7 @@ func TestValidateNamesTheSetting(t *testing.T) {
 		"max_queue":     func(c *Config) { c.MaxQueue = 0 },
 		"max_sessions":  func(c *Config) { c.MaxSessions = 0 },
 		"session_ttl":   func(c *Config) { c.SessionTTL = 0 },
+		"store_timeout": func(c *Config) { c.StoreTimeout = 0 },
 	} {
 		cfg := Defaults()
 		edit(&cfg)
