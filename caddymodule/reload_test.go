@@ -3,6 +3,7 @@ package caddymodule_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -210,6 +212,18 @@ type replayable struct{ http.RoundTripper }
 func (r replayable) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context())
 	req.Header.Set("Idempotency-Key", "1")
+	resp, err := r.RoundTripper.RoundTrip(req)
+	// Like do: resend once when a reload reset or closed a fresh connection
+	// before any answer. Had it been forwarded, the upstream would count
+	// the request twice.
+	if err == nil || (req.Body != nil && req.GetBody == nil) || !(errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+		return resp, err
+	}
+	if req.GetBody != nil {
+		if req.Body, err = req.GetBody(); err != nil {
+			return nil, err
+		}
+	}
 	return r.RoundTripper.RoundTrip(req)
 }
 

@@ -1,6 +1,7 @@
 // Package mcpstub is a stand-in MCP server (Streamable HTTP transport) that
-// behaves like a multi-process backend such as php-mcp under PHP-FPM, plus a
-// client driver that connects the way pipelining MCP clients do.
+// behaves like a multi-process backend such as php-mcp under PHP-FPM. The
+// client that connects the way pipelining MCP clients do is package probe;
+// its names are repeated here (Driver, RunPipelined) for the tests.
 //
 // The point of the stand-in is the failure it reproduces. Every POST is
 // handled as an independent worker would handle it: it loads a copy of the

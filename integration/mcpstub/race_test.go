@@ -33,7 +33,7 @@ func TestPipelinedConnectsFailWithoutSerialization(t *testing.T) {
 			}
 			// The failures must be the race's, not the stand-in's or the
 			// driver's.
-			if sum.HTTPErrors != 0 || sum.IDMismatches != 0 || sum.Errors != 0 {
+			if sum.HTTPErrors != 0 || sum.IDMismatches != 0 || sum.TransportErrors != 0 || sum.OtherErrors != 0 {
 				t.Fatalf("unexpected failures: %v", sum)
 			}
 			if b.Rejected() == 0 || b.MaxInFlight() < 2 {
@@ -66,10 +66,10 @@ func TestSequentialConnectsSucceed(t *testing.T) {
 func TestPipelinedConnectReportsSession(t *testing.T) {
 	b := &Backend{}
 	url := serve(t, b)
-	// No work: the two concurrent POSTs rarely overlap, but whatever the
+	// No work: the concurrent POSTs rarely overlap, but whatever the
 	// outcome the result must be coherent.
 	r := PipelinedConnect(t.Context(), http.DefaultClient, url)
-	if r.SessionID == "" || len(r.Errors) != 0 || r.HTTPErrors != 0 || r.IDMismatches != 0 || r.Elapsed <= 0 {
+	if r.SessionID == "" || r.TransportErrors != 0 || r.OtherErrors != 0 || r.HTTPErrors != 0 || r.IDMismatches != 0 || r.Elapsed <= 0 {
 		t.Fatalf("result %+v", r)
 	}
 	if r.Broken && r.Rejected == 0 {
