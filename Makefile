@@ -9,8 +9,8 @@ CADDY        := $(BIN)/caddy
 # that a not-found so xcaddy's --replace of this checkout is used.
 LOCAL_GOPROXY := $(shell go env GOPROXY | cut -d, -f1)|off
 # What the Caddy binary is built from (tests excluded), and the demo backend.
-CADDY_SOURCES := $(filter-out %_test.go,$(wildcard caddymodule/*.go serializer/*.go)) go.mod go.sum
-DEMO_SOURCES  := $(filter-out %_test.go,$(wildcard examples/demo-backend/*.go integration/mcpstub/*.go)) go.mod
+CADDY_SOURCES := $(filter-out %_test.go,$(wildcard caddymodule/*.go serializer/*.go probe/*.go)) go.mod go.sum
+DEMO_SOURCES  := $(filter-out %_test.go,$(wildcard examples/demo-backend/*.go integration/mcpstub/*.go probe/*.go)) go.mod
 
 export MCP_SERIALIZER_CADDY := $(CADDY)
 
@@ -41,8 +41,7 @@ run: $(CADDY) $(DEMO)
 	echo; \
 	echo "  MCP endpoint (through mcp_serializer): http://localhost:8080/mcp"; \
 	echo "  demo backend, direct:                  http://$(DEMO_LISTEN)/mcp"; \
-	echo "  compare: $(DEMO) -drive http://$(DEMO_LISTEN)/mcp -n 200"; \
-	echo "           $(DEMO) -drive http://localhost:8080/mcp -n 200"; \
+	echo "  compare: bin/caddy mcp-probe --url http://$(DEMO_LISTEN)/mcp --compare http://localhost:8080/mcp"; \
 	echo; \
 	$(CADDY) run --config xcaddy.Caddyfile --adapter caddyfile
 
