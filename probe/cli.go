@@ -299,7 +299,7 @@ func anyTarget(ts []targetReport, f func(targetReport) bool) bool {
 // fmtMS prints milliseconds with the precision that matters at their size.
 func fmtMS(ms float64) string {
 	switch {
-	case ms >= 10000:
+	case ms >= 1000:
 		return fmt.Sprintf("%.1fs", ms/1000)
 	case ms >= 10:
 		return fmt.Sprintf("%.0fms", ms)

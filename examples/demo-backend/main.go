@@ -1,16 +1,13 @@
 // Command demo-backend runs the mcpstub stand-in MCP server, a backend that
 // fails the way a multi-process PHP server does when a client pipelines its
-// first requests, or drives pipelined connects against any MCP URL.
-//
-// Serve (the default):
+// first requests:
 //
 //	demo-backend -listen 127.0.0.1:9081 -work-min 1ms -work-max 5ms
 //
-// Drive, and compare the backend directly with the same backend behind
-// Caddy's mcp_serializer:
+// Compare it directly with the same backend behind Caddy's mcp_serializer
+// using the Caddy binary built with the module:
 //
-//	demo-backend -drive http://127.0.0.1:9081/mcp -n 100
-//	demo-backend -drive http://127.0.0.1:8080/mcp -n 100
+//	caddy mcp-probe --url http://127.0.0.1:9081/mcp --compare http://localhost:8080/mcp
 package main
 
 import (
@@ -19,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"log"
 	"net"
@@ -43,30 +39,12 @@ func main() {
 		progressPause = flag.Duration("progress-pause", 200*time.Millisecond, "pause before each event of the progress tool")
 		streamMax     = flag.Duration("stream-max", 30*time.Second, "longest a GET stream stays open")
 		verbose       = flag.Bool("v", false, "log every request")
-
-		drive      = flag.String("drive", "", "instead of serving, run pipelined connects against this MCP URL and print a summary")
-		n          = flag.Int("n", 100, "with -drive: number of connects")
-		concurrent = flag.Int("c", 10, "with -drive: connects at a time")
-		sequential = flag.Bool("sequential", false, "with -drive: wait for notifications/initialized before the next request")
-		strict     = flag.Bool("strict", false, "with -drive: exit with status 1 when any connect failed")
 	)
 	flag.Parse()
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-
-	if *drive != "" {
-		client := mcpstub.NewClient(*concurrent)
-		d := mcpstub.Driver{Client: client, URL: *drive, Delete: true, Sequential: *sequential}
-		sum := d.Run(ctx, *n, *concurrent)
-		client.CloseIdleConnections()
-		fmt.Println(sum)
-		if *strict && sum.Failed > 0 {
-			os.Exit(1)
-		}
-		return
-	}
 
 	backend := &mcpstub.Backend{
 		WorkMin:         *workMin,
