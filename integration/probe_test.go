@@ -186,3 +186,24 @@ func TestMCPProbeCommandBadInput(t *testing.T) {
 		}
 	})
 }
+
+// Against real PHP-FPM workers sharing a session store, the probe finds
+// every kind of failure directly, and none through mcp_serializer.
+func TestMCPProbeCommandAgainstPHPFPM(t *testing.T) {
+	phpFPMBinary(t)
+	fpm := startPHPFPM(t, phpFPMOptions{})
+	plain := startCaddy(t, caddySite(fpm.fastcgiDirectives()))
+	with := startCaddy(t, caddySite("\tmcp_serializer {\n\t\tget_stream reject\n\t}\n"+fpm.fastcgiDirectives()))
+	code, stdout, stderr := mcpProbe(t, "--url", plain+"/mcp", "--compare", with+"/mcp", "-n", "200", "--concurrency", "8", "--json")
+	rep := parseProbeReport(t, stdout)
+	t.Logf("exit %d\n%s%s", code, stdout, stderr)
+	if code != 1 || len(rep.Targets) != 2 {
+		t.Fatalf("want exit 1 and two targets, got %d", code)
+	}
+	if d := rep.Targets[0]; d.Failed == 0 || d.Rejected+d.Broken == 0 {
+		t.Errorf("direct to PHP-FPM: no connect rejected or broken: %+v", d)
+	}
+	if c := rep.Targets[1]; c.Connects != 200 || c.Failed != 0 {
+		t.Errorf("through mcp_serializer: %+v", c)
+	}
+}
