@@ -24,6 +24,7 @@ var metrics = struct {
 	sessionless prometheus.Counter // bypasses{kind="sessionless"}, looked up once
 	overtakes   prometheus.Counter // bypasses{kind="overtake"}
 	evictions   prometheus.Counter
+	stateErrors *prometheus.CounterVec
 }{}
 
 func init() {
@@ -59,6 +60,10 @@ func init() {
 		Namespace: ns, Subsystem: sub, Name: "evictions_total",
 		Help: "Idle sessions forgotten to stay within max_sessions.",
 	})
+	metrics.stateErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "state_errors_total",
+		Help: "Calls to the shared session state engine that failed or timed out, by operation.",
+	}, []string{"op"})
 }
 
 func registerMetrics(registry *prometheus.Registry) {
@@ -67,7 +72,7 @@ func registerMetrics(registry *prometheus.Registry) {
 	}
 	for _, c := range []prometheus.Collector{
 		metrics.sessions, metrics.queueWait, metrics.gateHolds, metrics.gateTimeout,
-		metrics.rejections, metrics.bypasses, metrics.evictions,
+		metrics.rejections, metrics.bypasses, metrics.evictions, metrics.stateErrors,
 	} {
 		if err := registry.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

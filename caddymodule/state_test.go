@@ -1,0 +1,618 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+// engineUnderTest is one engine behind the adapter the table calls.
+type engineUnderTest struct {
+	store *sharedState
+	// advance moves the engine's clock on by d: a fake clock where the
+	// engine takes its time from us, a real wait where the server keeps
+	// its own.
+	advance func(d time.Duration)
+}
+
+// testStoreConformance pins what every engine must do, through the
+// serializer.Store interface. newEngine makes a fresh engine whose records
+// live ttl after their last write.
+func testStoreConformance(t *testing.T, newEngine func(t *testing.T, ttl time.Duration) engineUnderTest) {
+	ctx := context.Background()
+	mustLookup := func(t *testing.T, s serializer.Store, id string) (serializer.Record, bool) {
+		t.Helper()
+		rec, found, err := s.Lookup(ctx, id)
+		if err != nil {
+			t.Fatalf("Lookup: %v", err)
+		}
+		return rec, found
+	}
+	must := func(t *testing.T, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("CreatedIsInitializingWithItsExchangeInFlight", func(t *testing.T) {
+		e := newEngine(t, time.Hour)
+		deadline := time.Now().Add(10 * time.Second)
+		must(t, e.store.Created(ctx, "session-a", deadline))
+		rec, found := mustLookup(t, e.store, "session-a")
+		if !found || rec.Open || !rec.InitializeInFlight || rec.InitDeadline.UnixMilli() != deadline.UnixMilli() {
+			t.Fatalf("Lookup = %+v, %v; want initializing, in flight, deadline %v", rec, found, deadline)
+		}
+		if _, found := mustLookup(t, e.store, "session-b"); found {
+			t.Fatal("a session never created was found")
+		}
+	})
+
+	t.Run("InitializeEndedClearsInFlight", func(t *testing.T) {
+		e := newEngine(t, time.Hour)
+		deadline := time.Now().Add(10 * time.Second)
+		must(t, e.store.Created(ctx, "s", deadline))
+		must(t, e.store.InitializeEnded(ctx, "s"))
+		rec, found := mustLookup(t, e.store, "s")
+		if !found || rec.Open || rec.InitializeInFlight || rec.InitDeadline.UnixMilli() != deadline.UnixMilli() {
+			t.Fatalf("Lookup = %+v, %v; want initializing, not in flight", rec, found)
+		}
+	})
+
+	t.Run("OpenedIsNotUndoneByALateInitializeEnded", func(t *testing.T) {
+		e := newEngine(t, time.Hour)
+		must(t, e.store.Created(ctx, "s", time.Now().Add(10*time.Second)))
+		must(t, e.store.Opened(ctx, "s"))
+		if rec, found := mustLookup(t, e.store, "s"); !found || !rec.Open || rec.InitializeInFlight {
+			t.Fatalf("Lookup after Opened = %+v, %v; want open, nothing in flight", rec, found)
+		}
+		must(t, e.store.InitializeEnded(ctx, "s"))
+		must(t, e.store.Touch(ctx, "s"))
+		rec, found := mustLookup(t, e.store, "s")
+		if !found || !rec.Open || rec.InitializeInFlight {
+			t.Fatalf("Lookup = %+v, %v; want open", rec, found)
+		}
+	})
+
+	t.Run("UpdatesDoNotRecreateAMissingRecord", func(t *testing.T) {
+		e := newEngine(t, time.Hour)
+		must(t, e.store.InitializeEnded(ctx, "s"))
+		must(t, e.store.Opened(ctx, "s"))
+		must(t, e.store.Touch(ctx, "s"))
+		if rec, found := mustLookup(t, e.store, "s"); found {
+			t.Fatalf("updates of a missing record made %+v", rec)
+		}
+	})
+
+	t.Run("ForgetRemovesTheRecord", func(t *testing.T) {
+		e := newEngine(t, time.Hour)
+		must(t, e.store.Created(ctx, "s", time.Now().Add(10*time.Second)))
+		must(t, e.store.Opened(ctx, "s"))
+		must(t, e.store.Forget(ctx, "s"))
+		if _, found := mustLookup(t, e.store, "s"); found {
+			t.Fatal("found after Forget")
+		}
+		must(t, e.store.Forget(ctx, "s")) // forgetting twice is fine
+		must(t, e.store.Opened(ctx, "s"))
+		if _, found := mustLookup(t, e.store, "s"); found {
+			t.Fatal("an update after Forget brought the record back")
+		}
+	})
+
+	t.Run("RecordExpiresAfterSessionTTL", func(t *testing.T) {
+		const ttl = 300 * time.Millisecond
+		e := newEngine(t, ttl)
+		must(t, e.store.Created(ctx, "s", time.Now()))
+		must(t, e.store.Opened(ctx, "s"))
+		if _, found := mustLookup(t, e.store, "s"); !found {
+			t.Fatal("not found before its ttl")
+		}
+		e.advance(ttl + 200*time.Millisecond)
+		if rec, found := mustLookup(t, e.store, "s"); found {
+			t.Fatalf("found %+v after its ttl", rec)
+		}
+	})
+
+	t.Run("InitializingRecordLivesUntilItsDeadline", func(t *testing.T) {
+		const ttl = 300 * time.Millisecond
+		e := newEngine(t, ttl)
+		must(t, e.store.Created(ctx, "s", time.Now().Add(time.Hour)))
+		must(t, e.store.InitializeEnded(ctx, "s"))
+		e.advance(ttl + 300*time.Millisecond)
+		if _, found := mustLookup(t, e.store, "s"); !found {
+			t.Fatal("an initializing record expired before its init deadline")
+		}
+	})
+
+	t.Run("TouchExtendsTheRecord", func(t *testing.T) {
+		const ttl = time.Second
+		e := newEngine(t, ttl)
+		must(t, e.store.Created(ctx, "s", time.Now()))
+		must(t, e.store.Opened(ctx, "s"))
+		e.advance(600 * time.Millisecond)
+		must(t, e.store.Touch(ctx, "s"))
+		if _, found := mustLookup(t, e.store, "s"); !found {
+			t.Fatal("not found before its ttl (the machine stalled for most of a second?)")
+		}
+		e.advance(600 * time.Millisecond) // past the expiry Touch replaced
+		if _, found := mustLookup(t, e.store, "s"); !found {
+			t.Fatal("Touch did not extend the record")
+		}
+	})
+}
+
+func TestRedisStateConformance(t *testing.T) {
+	addr := startRedis(t)
+	n := 0
+	testStoreConformance(t, func(t *testing.T, ttl time.Duration) engineUnderTest {
+		n++ // a prefix per engine keeps the subtests apart
+		eng := loadEngine(t, nil, "redis", map[string]any{
+			"address": []string{addr}, "key_prefix": "conformance" + strconv.Itoa(n) + ":",
+		}).(*RedisState)
+		return engineUnderTest{store: newSharedState(eng, ttl, zap.NewNop()), advance: time.Sleep}
+	})
+}
+
+func TestStorageStateConformance(t *testing.T) {
+	testStoreConformance(t, func(t *testing.T, ttl time.Duration) engineUnderTest {
+		clock := newTestClock()
+		eng := loadEngine(t, fileStorage(t.TempDir()), "storage", nil).(*StorageState)
+		eng.now = clock.Now
+		return engineUnderTest{store: newSharedState(eng, ttl, zap.NewNop()), advance: clock.Advance}
+	})
+}
+
+func TestRedisKeysAreHashesOfTheSessionID(t *testing.T) {
+	addr := startRedis(t)
+	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}}).(*RedisState)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	const id = "secret-session-id"
+	if err := store.Created(context.Background(), id, time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := eng.client.Keys(context.Background(), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "mcp_serializer:" + stateKey(id)
+	if len(keys) != 1 || keys[0] != want {
+		t.Fatalf("keys = %q, want [%q]", keys, want)
+	}
+}
+
+func TestRedisPasswordFromEnvironmentPlaceholder(t *testing.T) {
+	const password = "s3cret-for-test"
+	addr := startRedis(t, "--requirepass", password)
+	t.Setenv("MCP_SERIALIZER_TEST_REDIS_PASSWORD", password)
+	eng := loadEngine(t, nil, "redis", map[string]any{
+		"address": []string{addr}, "password": "{env.MCP_SERIALIZER_TEST_REDIS_PASSWORD}",
+	}).(*RedisState)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	if err := store.Created(ctx, "s", time.Now().Add(time.Minute)); err != nil {
+		t.Fatalf("Created with the password from the environment: %v", err)
+	}
+	if _, found, err := store.Lookup(ctx, "s"); err != nil || !found {
+		t.Fatalf("Lookup = %v, %v; want found", found, err)
+	}
+
+	wrong := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}, "password": "wrong"}).(*RedisState)
+	before := testutil.ToFloat64(metrics.stateErrors.WithLabelValues("lookup"))
+	if _, _, err := newSharedState(wrong, time.Hour, zap.NewNop()).Lookup(ctx, "s"); err == nil {
+		t.Fatal("Lookup with a wrong password succeeded")
+	}
+	if got := testutil.ToFloat64(metrics.stateErrors.WithLabelValues("lookup")); got != before+1 {
+		t.Fatalf("state_errors_total{op=lookup} went from %v to %v, want one more", before, got)
+	}
+}
+
+// An engine that is down (nothing listens) or blackholed (accepts and
+// never answers) costs each call its timeout at most, and every failure
+// is counted.
+func TestRedisDownOrBlackholedAnswersWithinItsTimeout(t *testing.T) {
+	blackhole, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { blackhole.Close() })
+	var held sync.WaitGroup
+	var conns []net.Conn
+	var mu sync.Mutex
+	held.Add(1)
+	go func() {
+		defer held.Done()
+		for {
+			c, err := blackhole.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never read
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		blackhole.Close()
+		held.Wait()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+
+	for name, addr := range map[string]string{
+		"down":       "127.0.0.1:" + strconv.Itoa(loopbackPort(t)),
+		"blackholed": blackhole.Addr().String(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}, "timeout": "100ms"}).(*RedisState)
+			store := newSharedState(eng, time.Hour, zap.NewNop())
+			ctx := context.Background()
+			calls := []struct {
+				op   string
+				call func() error
+			}{
+				{"created", func() error { return store.Created(ctx, "s", time.Now().Add(time.Minute)) }},
+				{"initialize_ended", func() error { return store.InitializeEnded(ctx, "s") }},
+				{"opened", func() error { return store.Opened(ctx, "s") }},
+				{"touch", func() error { return store.Touch(ctx, "s") }},
+				{"forget", func() error { return store.Forget(ctx, "s") }},
+				{"lookup", func() error { _, _, err := store.Lookup(ctx, "s"); return err }},
+			}
+			for _, c := range calls {
+				before := testutil.ToFloat64(metrics.stateErrors.WithLabelValues(c.op))
+				start := time.Now()
+				err := c.call()
+				// A bound, not a measurement: far above the 100ms
+				// timeout, far below go-redis' own 2s dial timeout.
+				if took := time.Since(start); took > 1500*time.Millisecond {
+					t.Errorf("%s waited %s on an engine with a 100ms timeout", c.op, took)
+				}
+				if err == nil {
+					t.Errorf("%s succeeded against a %s engine", c.op, name)
+				}
+				if got := testutil.ToFloat64(metrics.stateErrors.WithLabelValues(c.op)); got != before+1 {
+					t.Errorf("state_errors_total{op=%s} went from %v to %v, want one more", c.op, before, got)
+				}
+			}
+		})
+	}
+}
+
+// hungEngine never answers and ignores its context, like a hung network
+// file system.
+type hungEngine struct{ release chan struct{} }
+
+func (hungEngine) CallTimeout() time.Duration { return 50 * time.Millisecond }
+func (e hungEngine) Created(context.Context, string, time.Time, time.Duration) error {
+	<-e.release
+	return nil
+}
+func (e hungEngine) InitializeEnded(context.Context, string, time.Duration) error {
+	<-e.release
+	return nil
+}
+func (e hungEngine) Opened(context.Context, string, time.Duration) error { <-e.release; return nil }
+func (e hungEngine) Touch(context.Context, string, time.Duration) error  { <-e.release; return nil }
+func (e hungEngine) Forget(context.Context, string) error                { <-e.release; return nil }
+func (e hungEngine) Lookup(context.Context, string) (serializer.Record, bool, error) {
+	<-e.release
+	return serializer.Record{Open: true}, true, nil
+}
+
+func TestAdapterReturnsAtTheTimeoutWhenTheEngineIgnoresItsContext(t *testing.T) {
+	eng := hungEngine{release: make(chan struct{})}
+	defer close(eng.release)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	done := make(chan error, 1)
+	go func() {
+		_, found, err := store.Lookup(context.Background(), "s")
+		if found {
+			err = errors.New("found")
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Lookup = %v, want a deadline error", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lookup still waiting on a hung engine after 5s (timeout 50ms)")
+	}
+}
+
+func TestAdapterWarnsOncePerOperationPerIntervalWithoutTheSessionID(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	eng := hungEngine{release: make(chan struct{})}
+	defer close(eng.release)
+	store := newSharedState(eng, time.Hour, zap.New(core))
+	clock := newTestClock()
+	store.now = clock.Now
+	ctx := context.Background()
+	const id = "secret-session-id"
+
+	for range 5 {
+		store.Touch(ctx, id)
+	}
+	store.Forget(ctx, id) // another operation has its own allowance
+	byOp := func(op string) []observer.LoggedEntry {
+		var out []observer.LoggedEntry
+		for _, e := range logs.All() {
+			if e.ContextMap()["op"] == op {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	if n := len(byOp("touch")); n != 1 {
+		t.Fatalf("%d WARN lines for 5 failed touches within the interval, want 1", n)
+	}
+	if n := len(byOp("forget")); n != 1 {
+		t.Fatalf("%d WARN lines for a failed forget, want 1", n)
+	}
+	clock.Advance(stateWarnInterval)
+	store.Touch(ctx, id)
+	touches := byOp("touch")
+	if len(touches) != 2 {
+		t.Fatalf("%d WARN lines after the interval, want 2", len(touches))
+	}
+	if got := touches[1].ContextMap()["suppressed"]; got != int64(4) {
+		t.Fatalf("suppressed = %v, want 4", got)
+	}
+	for _, e := range logs.All() {
+		line, _ := json.Marshal(e.ContextMap())
+		if strings.Contains(e.Message+string(line), id) {
+			t.Fatalf("a WARN line shows the session id: %s %s", e.Message, line)
+		}
+		if e.ContextMap()["session"] != sessionHash(id) {
+			t.Fatalf("session = %v, want its hash %s", e.ContextMap()["session"], sessionHash(id))
+		}
+	}
+}
+
+func TestStorageInstancesOnOneDirectorySeeEachOthersRecords(t *testing.T) {
+	dir := t.TempDir()
+	a := newSharedState(loadEngine(t, fileStorage(dir), "storage", nil).(StateEngine), time.Hour, zap.NewNop())
+	b := newSharedState(loadEngine(t, fileStorage(dir), "storage", nil).(StateEngine), time.Hour, zap.NewNop())
+	ctx := context.Background()
+	if err := a.Created(ctx, "s", time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if rec, found, err := b.Lookup(ctx, "s"); err != nil || !found || !rec.InitializeInFlight {
+		t.Fatalf("b.Lookup = %+v, %v, %v; want a's initializing record", rec, found, err)
+	}
+	if err := b.Opened(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.InitializeEnded(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if rec, found, err := a.Lookup(ctx, "s"); err != nil || !found || !rec.Open {
+		t.Fatalf("a.Lookup = %+v, %v, %v; want b's open", rec, found, err)
+	}
+	if err := b.Forget(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := a.Lookup(ctx, "s"); err != nil || found {
+		t.Fatalf("a.Lookup after b forgot = %v, %v; want not found", found, err)
+	}
+}
+
+func TestStorageSweeperRemovesExpiredRecordsOneInstanceAtATime(t *testing.T) {
+	dir := t.TempDir()
+	clock := newTestClock()
+	a := loadEngine(t, fileStorage(dir), "storage", map[string]any{"timeout": "200ms"}).(*StorageState)
+	b := loadEngine(t, fileStorage(dir), "storage", map[string]any{"timeout": "200ms"}).(*StorageState)
+	a.now, b.now = clock.Now, clock.Now
+	ctx := context.Background()
+	const ttl, interval = time.Minute, time.Hour
+	for _, key := range []string{"expired", "live"} {
+		if err := a.Created(ctx, key, clock.Now(), ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(ttl / 2)
+	if err := a.Touch(ctx, "live", ttl); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(ttl/2 + time.Second)
+	exists := func(key string) bool { return a.storage.Exists(ctx, recordDir(key)) }
+
+	// While another instance holds the lock, a sweeper skips its round.
+	if err := b.storage.Lock(ctx, storageSweepLock); err != nil {
+		t.Fatal(err)
+	}
+	if removed, err := a.sweep(ctx, interval); err != nil || removed != 0 {
+		t.Fatalf("sweep under another's lock = %d, %v; want a skipped round", removed, err)
+	}
+	if !exists("expired") {
+		t.Fatal("a record was removed while another instance held the lock")
+	}
+	if err := b.storage.Unlock(ctx, storageSweepLock); err != nil {
+		t.Fatal(err)
+	}
+
+	if removed, err := a.sweep(ctx, interval); err != nil || removed != 1 {
+		t.Fatalf("sweep = %d, %v; want the one expired record removed", removed, err)
+	}
+	if exists("expired") || !exists("live") {
+		t.Fatalf("after the sweep: expired there %v, live there %v", exists("expired"), exists("live"))
+	}
+
+	// Another instance right after skips: the round was just done.
+	if err := a.Created(ctx, "expired2", clock.Now(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second)
+	if removed, err := b.sweep(ctx, interval); err != nil || removed != 0 {
+		t.Fatalf("a second sweep right after = %d, %v; want a skipped round", removed, err)
+	}
+	clock.Advance(interval)
+	if removed, err := b.sweep(ctx, interval); err != nil || removed != 2 {
+		t.Fatalf("the next round = %d, %v; want expired2 and the now expired live record removed", removed, err)
+	}
+}
+
+func TestStorageSweeperRunsOnItsIntervalAndStopsOnCleanup(t *testing.T) {
+	ctx, cancel := caddy.NewContext(*fileStorage(t.TempDir()))
+	defer cancel()
+	mod, err := ctx.LoadModuleByID("http.handlers.mcp_serializer.state.storage",
+		json.RawMessage(`{"sweep_interval": "20ms"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := mod.(*StorageState)
+	if err := eng.Created(context.Background(), "gone", time.Now().Add(-time.Second), time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for eng.storage.Exists(context.Background(), recordDir("gone")) {
+		if time.Now().After(deadline) {
+			t.Fatal("the sweeper did not remove an expired record within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel() // the config goes: Caddy calls Cleanup
+	select {
+	case <-eng.sweeperDone:
+	default:
+		t.Fatal("the sweeper still runs after Cleanup")
+	}
+}
+
+func TestStateEnginesRejectBadSettingsNamingThem(t *testing.T) {
+	for _, tc := range []struct {
+		engine string
+		cfg    map[string]any
+		want   string
+	}{
+		{"redis", map[string]any{"address": []string{"127.0.0.1"}}, "address"},
+		{"redis", map[string]any{"db": -1}, "db"},
+		{"redis", map[string]any{"db": 2, "address": []string{"127.0.0.1:1", "127.0.0.1:2"}}, "db"},
+		{"redis", map[string]any{"timeout": "-1s"}, "timeout"},
+		{"redis", map[string]any{"tls_ca_file": "/nonexistent/ca.pem"}, "tls_ca_file"},
+		{"storage", map[string]any{"timeout": "-1s"}, "timeout"},
+		{"storage", map[string]any{"sweep_interval": "-1s"}, "sweep_interval"},
+	} {
+		raw, _ := json.Marshal(tc.cfg)
+		ctx, cancel := caddy.NewContext(*fileStorage(t.TempDir()))
+		_, err := ctx.LoadModuleByID("http.handlers.mcp_serializer.state."+tc.engine, raw)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %s: err = %v, want one naming %q", tc.engine, raw, err, tc.want)
+		}
+	}
+}
+
+// loadEngine provisions a state engine module the way the handler does,
+// cleaned up when the test ends. parent carries the storage; nil for none.
+func loadEngine(t *testing.T, parent *caddy.Context, name string, cfg map[string]any) caddy.Module {
+	t.Helper()
+	if parent == nil {
+		parent = fileStorage(t.TempDir())
+	}
+	if cfg == nil {
+		cfg = map[string]any{}
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(*parent)
+	t.Cleanup(cancel)
+	mod, err := ctx.LoadModuleByID("http.handlers.mcp_serializer.state."+name, raw)
+	if err != nil {
+		t.Fatalf("provisioning state %s %s: %v", name, raw, err)
+	}
+	return mod.(caddy.Module)
+}
+
+// fileStorage is a Caddy context whose storage is file_system at root.
+func fileStorage(root string) *caddy.Context {
+	storage, _ := json.Marshal(map[string]string{"module": "file_system", "root": root})
+	ctx, err := caddy.ProvisionContext(&caddy.Config{StorageRaw: storage})
+	if err != nil {
+		panic(err)
+	}
+	return &ctx
+}
+
+// startRedis runs a redis-server on a free loopback port for the test and
+// returns its address.
+func startRedis(t *testing.T, args ...string) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal("redis-server is not installed: apt-get install -y redis-server")
+	}
+	port := loopbackPort(t)
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args...)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			return addr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server not listening on %s after 10s: %v", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func loopbackPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// testClock is a clock the test moves.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newTestClock() *testClock { return &testClock{now: time.Now()} }
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}

@@ -1,0 +1,378 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+func init() {
+	caddy.RegisterModule(RedisState{})
+}
+
+const (
+	defaultRedisAddress   = "127.0.0.1:6379"
+	defaultRedisKeyPrefix = "mcp_serializer:"
+	defaultRedisTimeout   = 250 * time.Millisecond
+)
+
+// RedisState shares session records through Redis (or Valkey): one hash
+// per session under key_prefix + the SHA-256 of its id, with fields open,
+// deadline (unix ms) and inflight, expiring after session_ttl.
+type RedisState struct {
+	// host:port of the server. Several addresses are the seed nodes of a
+	// Redis Cluster. Placeholders such as {env.REDIS_ADDR} are resolved.
+	// Default: 127.0.0.1:6379.
+	Address []string `json:"address,omitempty"`
+	// ACL user name and password (placeholders resolved, so the password
+	// can stay out of the config: {env.REDIS_PASSWORD}).
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+	// Database number; a cluster has only 0. Default: 0.
+	DB int `json:"db,omitempty"`
+	// Connect with TLS. Any tls_* setting implies it.
+	TLS bool `json:"tls,omitempty"`
+	// Name to verify the server's certificate against. Default: the host
+	// of the address.
+	TLSServerName string `json:"tls_server_name,omitempty"`
+	// Accept any server certificate (testing only).
+	TLSInsecureSkipVerify bool `json:"tls_insecure_skip_verify,omitempty"`
+	// PEM file of the CAs to trust instead of the system's.
+	TLSCAFile string `json:"tls_ca_file,omitempty"`
+	// Prefix of every key. Default: "mcp_serializer:".
+	KeyPrefix string `json:"key_prefix,omitempty"`
+	// Longest wait for one call; a call that takes longer counts as
+	// failed and the handler carries on locally. Default: 250ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	client  redis.UniversalClient
+	poolKey string
+}
+
+// CaddyModule returns the Caddy module information.
+func (RedisState) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.mcp_serializer.state.redis",
+		New: func() caddy.Module { return new(RedisState) },
+	}
+}
+
+// redisConn is what identifies a shared client: configs with the same
+// connection settings share one across reloads, so a reload does not drop
+// connections under writes in flight.
+type redisConn struct {
+	Addrs      []string
+	Username   string
+	Password   string
+	DB         int
+	TLS        bool
+	ServerName string
+	Insecure   bool
+	CAFile     string
+}
+
+// redisClients holds the clients by connection settings across reloads.
+var redisClients = caddy.NewUsagePool()
+
+type pooledRedis struct{ redis.UniversalClient }
+
+func (c pooledRedis) Destruct() error { return c.Close() }
+
+// Provision resolves placeholders, applies defaults, checks every setting
+// and attaches to the shared client for these connection settings. It does
+// not connect: an engine that is down at start degrades the handler, it
+// does not stop Caddy.
+func (r *RedisState) Provision(ctx caddy.Context) error {
+	repl := caddy.NewReplacer()
+	if len(r.Address) == 0 {
+		r.Address = []string{defaultRedisAddress}
+	}
+	conn := redisConn{
+		Username:   repl.ReplaceKnown(r.Username, ""),
+		Password:   repl.ReplaceKnown(r.Password, ""),
+		DB:         r.DB,
+		TLS:        r.TLS || r.TLSServerName != "" || r.TLSInsecureSkipVerify || r.TLSCAFile != "",
+		ServerName: repl.ReplaceKnown(r.TLSServerName, ""),
+		Insecure:   r.TLSInsecureSkipVerify,
+		CAFile:     repl.ReplaceKnown(r.TLSCAFile, ""),
+	}
+	for _, a := range r.Address {
+		addr := repl.ReplaceKnown(a, "")
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return fmt.Errorf("address %q: want host:port: %v", a, err)
+		}
+		conn.Addrs = append(conn.Addrs, addr)
+	}
+	switch {
+	case r.DB < 0:
+		return fmt.Errorf("db must be 0 or more, got %d", r.DB)
+	case r.DB != 0 && len(conn.Addrs) > 1:
+		return fmt.Errorf("db: several addresses make a Redis Cluster, which has only db 0, got %d", r.DB)
+	case r.Timeout < 0:
+		return fmt.Errorf("timeout must be positive, got %s", time.Duration(r.Timeout))
+	case r.Timeout == 0:
+		r.Timeout = caddy.Duration(defaultRedisTimeout)
+	}
+	if r.KeyPrefix == "" {
+		r.KeyPrefix = defaultRedisKeyPrefix
+	}
+	opts, err := conn.options()
+	if err != nil {
+		return err
+	}
+	key, err := json.Marshal(conn)
+	if err != nil {
+		return err
+	}
+	r.poolKey = string(key)
+	val, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
+		return pooledRedis{redis.NewUniversalClient(opts)}, nil
+	})
+	if err != nil {
+		return err
+	}
+	r.client = val.(pooledRedis).UniversalClient
+	return nil
+}
+
+// options makes the client's settings: one address is a plain client,
+// several a cluster client.
+func (c redisConn) options() (*redis.UniversalOptions, error) {
+	opts := &redis.UniversalOptions{
+		Addrs:    c.Addrs,
+		Username: c.Username,
+		Password: c.Password,
+		DB:       c.DB,
+		// Each call's context carries the engine's timeout; socket
+		// timeouts follow it instead of go-redis' own 3s.
+		ContextTimeoutEnabled: true,
+		// A connection being dialled may outlive the call that started
+		// it and serve the next one.
+		DialTimeout: 2 * time.Second,
+		// A refused dial fails the call at once; go-redis' own five
+		// attempts would outlast any call's timeout.
+		DialerRetries: 1,
+		// One retry: a reset connection (Redis restarted) gets a fresh
+		// one within the same call.
+		MaxRetries: 1,
+	}
+	if c.TLS {
+		opts.TLSConfig = &tls.Config{
+			MinVersion:         tls.VersionTLS12,
+			ServerName:         c.ServerName,
+			InsecureSkipVerify: c.Insecure, //nolint:gosec // operator's explicit choice
+		}
+		if c.CAFile != "" {
+			pem, err := os.ReadFile(c.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("tls_ca_file: %v", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("tls_ca_file: no PEM certificate in %s", c.CAFile)
+			}
+			opts.TLSConfig.RootCAs = pool
+		}
+	}
+	return opts, nil
+}
+
+// Cleanup releases this config's hold on the shared client; it closes
+// when no config uses it.
+func (r *RedisState) Cleanup() error {
+	if r.poolKey == "" {
+		return nil
+	}
+	_, err := redisClients.Delete(r.poolKey)
+	return err
+}
+
+// CallTimeout bounds each call.
+func (r *RedisState) CallTimeout() time.Duration { return time.Duration(r.Timeout) }
+
+// createScript writes a fresh record. KEYS[1] the record; ARGV: init
+// deadline (unix ms), ttl (ms), now (unix ms).
+var createScript = redis.NewScript(`
+redis.call('HSET', KEYS[1], 'open', '0', 'deadline', ARGV[1], 'inflight', '1')
+local ttl = tonumber(ARGV[2])
+local left = tonumber(ARGV[1]) - tonumber(ARGV[3])
+if left > ttl then ttl = left end
+redis.call('PEXPIRE', KEYS[1], ttl)
+return 1
+`)
+
+// updateScript applies one update to an existing record, atomically, so
+// that updates from several instances never regress it: fields only move
+// towards open, and a missing record stays missing. KEYS[1] the record;
+// ARGV: op (ended, opened, touch), ttl (ms), now (unix ms).
+var updateScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[1] == 'opened' then
+  redis.call('HSET', KEYS[1], 'open', '1', 'inflight', '0')
+elseif ARGV[1] == 'ended' then
+  redis.call('HSET', KEYS[1], 'inflight', '0')
+end
+local ttl = tonumber(ARGV[2])
+if redis.call('HGET', KEYS[1], 'open') ~= '1' then
+  local left = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '0') - tonumber(ARGV[3])
+  if left > ttl then ttl = left end
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+return 1
+`)
+
+// Created writes the record of a new session.
+func (r *RedisState) Created(ctx context.Context, key string, initDeadline time.Time, ttl time.Duration) error {
+	return createScript.Run(ctx, r.client, []string{r.KeyPrefix + key},
+		initDeadline.UnixMilli(), ttl.Milliseconds(), time.Now().UnixMilli()).Err()
+}
+
+// InitializeEnded clears the record's in-flight mark.
+func (r *RedisState) InitializeEnded(ctx context.Context, key string, ttl time.Duration) error {
+	return r.update(ctx, key, "ended", ttl)
+}
+
+// Opened marks the record open.
+func (r *RedisState) Opened(ctx context.Context, key string, ttl time.Duration) error {
+	return r.update(ctx, key, "opened", ttl)
+}
+
+// Touch refreshes the record's expiry.
+func (r *RedisState) Touch(ctx context.Context, key string, ttl time.Duration) error {
+	return r.update(ctx, key, "touch", ttl)
+}
+
+func (r *RedisState) update(ctx context.Context, key, op string, ttl time.Duration) error {
+	return updateScript.Run(ctx, r.client, []string{r.KeyPrefix + key},
+		op, ttl.Milliseconds(), time.Now().UnixMilli()).Err()
+}
+
+// Forget removes the record.
+func (r *RedisState) Forget(ctx context.Context, key string) error {
+	return r.client.Del(ctx, r.KeyPrefix+key).Err()
+}
+
+// Lookup reads the record.
+func (r *RedisState) Lookup(ctx context.Context, key string) (serializer.Record, bool, error) {
+	vals, err := r.client.HMGet(ctx, r.KeyPrefix+key, "open", "deadline", "inflight").Result()
+	if err != nil {
+		return serializer.Record{}, false, err
+	}
+	open, deadline, inflight := vals[0], vals[1], vals[2]
+	if open == nil {
+		return serializer.Record{}, false, nil
+	}
+	ms, err := strconv.ParseInt(fmt.Sprint(deadline), 10, 64)
+	if err != nil {
+		return serializer.Record{}, false, errors.New("malformed record: deadline is not a number")
+	}
+	return serializer.Record{
+		Open:               open == "1",
+		InitDeadline:       time.UnixMilli(ms),
+		InitializeInFlight: inflight == "1",
+	}, true, nil
+}
+
+// UnmarshalCaddyfile sets up the engine from the tokens that follow
+// `state` in an mcp_serializer block. Syntax:
+//
+//	redis [<address>...] {
+//	    address                  <host:port>...
+//	    username                 <name>
+//	    password                 <password>
+//	    db                       <number>
+//	    tls                      [on|off]
+//	    tls_server_name          <name>
+//	    tls_insecure_skip_verify
+//	    tls_ca_file              <path>
+//	    key_prefix               <prefix>
+//	    timeout                  <duration>
+//	}
+//
+// Every setting is optional; defaults are applied in Provision.
+func (r *RedisState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // engine name
+	r.Address = append(r.Address, d.RemainingArgs()...)
+	for d.NextBlock(0) {
+		setting := d.Val()
+		var err error
+		switch setting {
+		case "address":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			r.Address = append(r.Address, args...)
+			continue
+		case "tls":
+			r.TLS = true
+			if d.NextArg() {
+				r.TLS, err = parseOnOff(d.Val())
+			}
+		case "tls_insecure_skip_verify":
+			r.TLSInsecureSkipVerify = true
+		default:
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			val := d.Val()
+			switch setting {
+			case "username":
+				r.Username = val
+			case "password":
+				r.Password = val
+			case "db":
+				r.DB, err = strconv.Atoi(val)
+			case "tls_server_name":
+				r.TLSServerName = val
+			case "tls_ca_file":
+				r.TLSCAFile = val
+			case "key_prefix":
+				r.KeyPrefix = val
+			case "timeout":
+				r.Timeout, err = parseDuration(val)
+			default:
+				return d.Errf("unrecognized redis state setting %q", setting)
+			}
+		}
+		if err != nil {
+			return d.Errf("%s: %v", setting, err)
+		}
+		if d.NextArg() {
+			return d.Errf("%s: too many values", setting)
+		}
+	}
+	return nil
+}
+
+func parseOnOff(s string) (bool, error) {
+	switch s {
+	case "on":
+		return true, nil
+	case "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("want on or off, got %q", s)
+}
+
+// Interface guards
+var (
+	_ StateEngine           = (*RedisState)(nil)
+	_ caddy.Provisioner     = (*RedisState)(nil)
+	_ caddy.CleanerUpper    = (*RedisState)(nil)
+	_ caddyfile.Unmarshaler = (*RedisState)(nil)
+	_ caddy.Destructor      = pooledRedis{}
+)

@@ -1,0 +1,348 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+func init() {
+	caddy.RegisterModule(StorageState{})
+}
+
+const (
+	defaultStorageTimeout       = time.Second
+	defaultStorageSweepInterval = 10 * time.Minute
+
+	storageSessions  = "mcp_serializer/sessions"
+	storageLastSweep = "mcp_serializer/last_sweep"
+	storageSweepLock = "mcp_serializer_sweep"
+)
+
+// A session's record is a directory of facts, each a small JSON file
+// written once by whoever learns it: created (init deadline), ended
+// (initialize exchange over), open, touched. Facts only accumulate, so
+// instances writing at once never undo each other, with no lock per write.
+const (
+	factCreated = "created"
+	factEnded   = "ended"
+	factOpen    = "open"
+	factTouched = "touched"
+)
+
+// StorageState shares session records through Caddy's configured storage
+// (the `storage` global option; the local file system by default): what a
+// Caddy cluster already shares for its certificates, or a directory that
+// instances on one host share.
+type StorageState struct {
+	// Longest wait for one call (a lookup reads up to four keys); a call
+	// that takes longer counts as failed and the handler carries on
+	// locally. Default: 1s.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// How often expired records are removed, by one instance at a time
+	// under the storage's lock. Default: 10m.
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	storage certmagic.Storage
+	logger  *zap.Logger
+	now     func() time.Time
+
+	stopSweeper context.CancelFunc
+	sweeperDone chan struct{}
+}
+
+// CaddyModule returns the Caddy module information.
+func (StorageState) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.mcp_serializer.state.storage",
+		New: func() caddy.Module { return new(StorageState) },
+	}
+}
+
+// Provision checks the settings, takes the config's storage and starts
+// the sweeper.
+func (s *StorageState) Provision(ctx caddy.Context) error {
+	switch {
+	case s.Timeout < 0:
+		return fmt.Errorf("timeout must be positive, got %s", time.Duration(s.Timeout))
+	case s.Timeout == 0:
+		s.Timeout = caddy.Duration(defaultStorageTimeout)
+	}
+	switch {
+	case s.SweepInterval < 0:
+		return fmt.Errorf("sweep_interval must be positive, got %s", time.Duration(s.SweepInterval))
+	case s.SweepInterval == 0:
+		s.SweepInterval = caddy.Duration(defaultStorageSweepInterval)
+	}
+	s.storage = ctx.Storage()
+	if s.storage == nil {
+		return errors.New("no storage configured")
+	}
+	s.logger = ctx.Logger()
+	if s.now == nil {
+		s.now = time.Now
+	}
+	sweepCtx, stop := context.WithCancel(context.Background())
+	s.stopSweeper, s.sweeperDone = stop, make(chan struct{})
+	go s.sweepEvery(sweepCtx, time.Duration(s.SweepInterval))
+	return nil
+}
+
+// Cleanup stops the sweeper and waits for it; a sweep in progress stops
+// at its next storage call.
+func (s *StorageState) Cleanup() error {
+	if s.stopSweeper != nil {
+		s.stopSweeper()
+		<-s.sweeperDone
+	}
+	return nil
+}
+
+// CallTimeout bounds each call.
+func (s *StorageState) CallTimeout() time.Duration { return time.Duration(s.Timeout) }
+
+// storedFact is the content of every fact file. Expires is when the fact
+// stops keeping the record alive; the record expires with its latest fact.
+type storedFact struct {
+	InitDeadline time.Time `json:"init_deadline,omitzero"`
+	Expires      time.Time `json:"expires"`
+}
+
+func recordDir(key string) string { return path.Join(storageSessions, key) }
+
+// Created writes the record of a new session.
+func (s *StorageState) Created(ctx context.Context, key string, initDeadline time.Time, ttl time.Duration) error {
+	now := s.now()
+	return s.store(ctx, key, factCreated, storedFact{
+		InitDeadline: initDeadline,
+		Expires:      now.Add(recordTTL(ttl, false, initDeadline, now)),
+	})
+}
+
+// InitializeEnded records that the initialize exchange ended.
+func (s *StorageState) InitializeEnded(ctx context.Context, key string, ttl time.Duration) error {
+	return s.add(ctx, key, factEnded, ttl)
+}
+
+// Opened records that the gate opened.
+func (s *StorageState) Opened(ctx context.Context, key string, ttl time.Duration) error {
+	return s.add(ctx, key, factOpen, ttl)
+}
+
+// Touch refreshes the record's expiry.
+func (s *StorageState) Touch(ctx context.Context, key string, ttl time.Duration) error {
+	return s.add(ctx, key, factTouched, ttl)
+}
+
+// add writes a fact to an existing record. A record forgotten between the
+// check and the write leaves a fact without "created", which reads as no
+// record and is swept once it expires: never a resurrected session.
+func (s *StorageState) add(ctx context.Context, key, fact string, ttl time.Duration) error {
+	if _, err := s.storage.Stat(ctx, path.Join(recordDir(key), factCreated)); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	return s.store(ctx, key, fact, storedFact{Expires: s.now().Add(ttl)})
+}
+
+func (s *StorageState) store(ctx context.Context, key, fact string, f storedFact) error {
+	data, err := json.Marshal(f)
+	if err != nil {
+		return err
+	}
+	return s.storage.Store(ctx, path.Join(recordDir(key), fact), data)
+}
+
+// Forget removes the record, every fact at once.
+func (s *StorageState) Forget(ctx context.Context, key string) error {
+	return s.storage.Delete(ctx, recordDir(key))
+}
+
+// Lookup reads the record's facts; an expired record is not found.
+func (s *StorageState) Lookup(ctx context.Context, key string) (serializer.Record, bool, error) {
+	facts, err := s.facts(ctx, recordDir(key), true)
+	if err != nil {
+		return serializer.Record{}, false, err
+	}
+	created, ok := facts[factCreated]
+	if !ok || !facts.expires().After(s.now()) {
+		return serializer.Record{}, false, nil
+	}
+	_, open := facts[factOpen]
+	_, ended := facts[factEnded]
+	return serializer.Record{
+		Open:               open,
+		InitDeadline:       created.InitDeadline,
+		InitializeInFlight: !open && !ended,
+	}, true, nil
+}
+
+type recordFacts map[string]storedFact
+
+// expires is when the record expires: with its latest fact.
+func (f recordFacts) expires() time.Time {
+	var t time.Time
+	for _, fact := range f {
+		if fact.Expires.After(t) {
+			t = fact.Expires
+		}
+	}
+	return t
+}
+
+// facts loads the facts present in a record's directory. A lookup stops
+// at a missing "created" (no record); the sweeper reads on, for the
+// expiry of orphan facts.
+func (s *StorageState) facts(ctx context.Context, dir string, needCreated bool) (recordFacts, error) {
+	facts := recordFacts{}
+	for _, name := range []string{factCreated, factEnded, factOpen, factTouched} {
+		data, err := s.storage.Load(ctx, path.Join(dir, name))
+		if errors.Is(err, fs.ErrNotExist) {
+			if name == factCreated && needCreated {
+				return facts, nil
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var f storedFact
+		if err := json.Unmarshal(data, &f); err != nil {
+			return nil, fmt.Errorf("malformed %s fact: %v", name, err)
+		}
+		facts[name] = f
+	}
+	return facts, nil
+}
+
+func (s *StorageState) sweepEvery(ctx context.Context, interval time.Duration) {
+	defer close(s.sweeperDone)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			removed, err := s.sweep(ctx, interval)
+			if err != nil && ctx.Err() == nil {
+				s.logger.Warn("sweeping expired shared session records", zap.Error(err))
+			} else if removed > 0 {
+				s.logger.Debug("swept expired shared session records", zap.Int("removed", removed))
+			}
+		}
+	}
+}
+
+// sweep removes expired records, one instance at a time: it takes the
+// storage's lock, waiting no longer than the call timeout (another instance
+// sweeping is reason enough to skip a round), and skips the round when
+// another instance swept less than half an interval ago.
+func (s *StorageState) sweep(ctx context.Context, interval time.Duration) (removed int, err error) {
+	lockCtx, cancel := context.WithTimeout(ctx, time.Duration(s.Timeout))
+	err = s.storage.Lock(lockCtx, storageSweepLock)
+	cancel()
+	if err != nil {
+		return 0, nil
+	}
+	defer func() {
+		// Unlock even when ctx was cancelled: a left lock would stall
+		// every instance's sweeper until it goes stale.
+		if uerr := s.storage.Unlock(context.WithoutCancel(ctx), storageSweepLock); uerr != nil && err == nil {
+			err = uerr
+		}
+	}()
+	now := s.now()
+	if data, err := s.storage.Load(ctx, storageLastSweep); err == nil {
+		var last time.Time
+		if last.UnmarshalText(data) == nil && now.Sub(last) < interval/2 {
+			return 0, nil
+		}
+	}
+	dirs, err := s.storage.List(ctx, storageSessions, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		dirs, err = nil, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	for _, dir := range dirs {
+		if ctx.Err() != nil {
+			return removed, ctx.Err()
+		}
+		facts, err := s.facts(ctx, dir, false)
+		if err != nil {
+			s.logger.Debug("reading a shared session record", zap.String("key", dir), zap.Error(err))
+			continue
+		}
+		if facts.expires().After(now) {
+			continue
+		}
+		if err := s.storage.Delete(ctx, dir); err != nil {
+			return removed, err
+		}
+		removed++
+	}
+	stamp, _ := now.MarshalText()
+	return removed, s.storage.Store(ctx, storageLastSweep, stamp)
+}
+
+// UnmarshalCaddyfile sets up the engine from the tokens that follow
+// `state` in an mcp_serializer block. Syntax:
+//
+//	storage {
+//	    timeout        <duration>
+//	    sweep_interval <duration>
+//	}
+//
+// Every setting is optional; defaults are applied in Provision. The
+// storage itself is Caddy's, set by the `storage` global option.
+func (s *StorageState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // engine name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		setting := d.Val()
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		var err error
+		switch setting {
+		case "timeout":
+			s.Timeout, err = parseDuration(d.Val())
+		case "sweep_interval":
+			s.SweepInterval, err = parseDuration(d.Val())
+		default:
+			return d.Errf("unrecognized storage state setting %q", setting)
+		}
+		if err != nil {
+			return d.Errf("%s: %v", setting, err)
+		}
+		if d.NextArg() {
+			return d.Errf("%s: too many values", setting)
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ StateEngine           = (*StorageState)(nil)
+	_ caddy.Provisioner     = (*StorageState)(nil)
+	_ caddy.CleanerUpper    = (*StorageState)(nil)
+	_ caddyfile.Unmarshaler = (*StorageState)(nil)
+)
