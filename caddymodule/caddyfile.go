@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -36,9 +37,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    session_ttl     <duration>
 //	    max_body        <size>
 //	    get_stream      reject|forward
+//	    state           redis|storage [{ <engine settings> }]
 //	}
 //
-// Every setting is optional; defaults are applied in Provision.
+// Every setting is optional; defaults are applied in Provision. The
+// engines' settings are in RedisState.UnmarshalCaddyfile and
+// StorageState.UnmarshalCaddyfile.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
@@ -48,6 +52,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		setting := d.Val()
 		if !d.NextArg() {
 			return d.ArgErr()
+		}
+		if setting == "state" {
+			if err := h.unmarshalState(d); err != nil {
+				return err
+			}
+			continue
 		}
 		val := d.Val()
 		var err error
@@ -82,6 +92,18 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("%s takes one value", setting)
 		}
 	}
+	return nil
+}
+
+// unmarshalState reads `state <engine> [{ … }]`, the engine's own
+// settings parsed by the engine module.
+func (h *Handler) unmarshalState(d *caddyfile.Dispenser) error {
+	name := d.Val()
+	unm, err := caddyfile.UnmarshalModule(d, "http.handlers.mcp_serializer.state."+name)
+	if err != nil {
+		return err
+	}
+	h.StateRaw = caddyconfig.JSONModuleObject(unm, "module", name, nil)
 	return nil
 }
 

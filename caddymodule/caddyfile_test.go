@@ -69,6 +69,17 @@ func TestCaddyfileRejectsBadSettings(t *testing.T) {
 		{"queue_timeout", "wrong argument count"},
 		{"max_queue 3 4", "max_queue takes one value"},
 		{"bogus 1", `unrecognized mcp_serializer setting "bogus"`},
+		{"state", "wrong argument count"},
+		{"state memcached", "http.handlers.mcp_serializer.state.memcached"},
+		{"state redis {\n db lots\n }", "db"},
+		{"state redis {\n timeout soon\n }", "timeout"},
+		{"state redis {\n tls maybe\n }", "tls"},
+		{"state redis {\n address\n }", "wrong argument count"},
+		{"state redis {\n key_prefix a b\n }", "key_prefix: too many values"},
+		{"state redis {\n bogus 1\n }", `unrecognized redis state setting "bogus"`},
+		{"state storage {\n sweep_interval often\n }", "sweep_interval"},
+		{"state storage {\n bogus 1\n }", `unrecognized storage state setting "bogus"`},
+		{"state storage somewhere", "wrong argument count"},
 	} {
 		caddyfile := "http://localhost {\n\tmcp_serializer {\n\t\t" + tc.body + "\n\t}\n\trespond ok\n}\n"
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)

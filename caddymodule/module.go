@@ -7,6 +7,7 @@ package caddymodule
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -59,6 +60,11 @@ type Handler struct {
 	// forward it (after the gate opens) to a backend whose GET stream does
 	// not write session state. Default: reject.
 	GetStream string `json:"get_stream,omitempty"`
+	// Shared session state, so that several Caddy instances gate the same
+	// session: an engine of the http.handlers.mcp_serializer.state
+	// namespace (redis, storage). Default: none; sessions are known to
+	// this instance only.
+	StateRaw json.RawMessage `json:"state,omitempty" caddy:"namespace=http.handlers.mcp_serializer.state inline_key=module"`
 
 	onInitTimeout serializer.TimeoutAction
 	table         *serializer.Table
@@ -90,6 +96,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.onInitTimeout = cfg.OnInitTimeout
 	registerMetrics(ctx.GetMetricsRegistry())
 	cfg.Events = events{logger: h.logger}
+	if h.StateRaw != nil {
+		mod, err := ctx.LoadModule(h, "StateRaw")
+		if err != nil {
+			return fmt.Errorf("state: %w", err)
+		}
+		engine, ok := mod.(StateEngine)
+		if !ok {
+			return fmt.Errorf("state: %T %w", mod, errNotStateEngine)
+		}
+		cfg.Store = newSharedState(engine, cfg.SessionTTL, h.logger)
+	}
 
 	h.poolKey = "mcp_serializer/" + h.Name
 	val, loaded, err := tables.LoadOrNew(h.poolKey, func() (caddy.Destructor, error) {

@@ -2,10 +2,19 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
+	"math/big"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -224,6 +233,106 @@ func TestRedisPasswordFromEnvironmentPlaceholder(t *testing.T) {
 // An engine that is down (nothing listens) or blackholed (accepts and
 // never answers) costs each call its timeout at most, and every failure
 // is counted.
+func TestRedisClientIsSharedAcrossReloads(t *testing.T) {
+	addr := startRedis(t)
+	parent := fileStorage(t.TempDir())
+	load := func() (*RedisState, context.CancelFunc) {
+		ctx, cancel := caddy.NewContext(*parent)
+		mod, err := ctx.LoadModuleByID("http.handlers.mcp_serializer.state.redis",
+			json.RawMessage(`{"address": ["`+addr+`"]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mod.(*RedisState), cancel
+	}
+	old, unloadOld := load()
+	current, unloadCurrent := load() // the reloaded config, provisioned before the old one goes
+	defer unloadCurrent()
+	if old.client != current.client {
+		t.Fatal("a config with the same connection settings got a client of its own")
+	}
+	unloadOld()
+	store := newSharedState(current, time.Hour, zap.NewNop())
+	if err := store.Created(context.Background(), "s", time.Now().Add(time.Minute)); err != nil {
+		t.Fatalf("the client closed with the old config: %v", err)
+	}
+}
+
+func TestRedisOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	caFile, certFile, keyFile := writeTestCerts(t, dir)
+	port := loopbackPort(t)
+	addr := runRedis(t, port, "--port", "0", "--tls-port", strconv.Itoa(port),
+		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile,
+		"--tls-auth-clients", "no")
+	ctx := context.Background()
+
+	eng := loadEngine(t, nil, "redis", map[string]any{
+		"address": []string{addr}, "tls_ca_file": caFile, "tls_server_name": "redis.test",
+	}).(*RedisState)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	if err := store.Created(ctx, "s", time.Now().Add(time.Minute)); err != nil {
+		t.Fatalf("Created over TLS: %v", err)
+	}
+	if _, found, err := store.Lookup(ctx, "s"); err != nil || !found {
+		t.Fatalf("Lookup over TLS = %v, %v", found, err)
+	}
+
+	// Without the CA, the server's certificate is refused.
+	untrusted := loadEngine(t, nil, "redis", map[string]any{
+		"address": []string{addr}, "tls": true, "tls_server_name": "redis.test",
+	}).(*RedisState)
+	if _, _, err := newSharedState(untrusted, time.Hour, zap.NewNop()).Lookup(ctx, "s"); err == nil {
+		t.Fatal("a certificate from an unknown CA was accepted")
+	}
+}
+
+// writeTestCerts writes a CA and a server certificate for redis.test,
+// signed by it, as PEM files.
+func writeTestCerts(t *testing.T, dir string) (caFile, certFile, keyFile string) {
+	t.Helper()
+	newKey := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	caKey, serverKey := newKey(), newKey()
+	ca := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "redis.test"},
+		DNSNames:  []string{"redis.test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	serverDER, err := x509.CreateCertificate(rand.Reader, server, ca, &serverKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(serverKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, kind string, der []byte) string {
+		file := filepath.Join(dir, name)
+		if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return file
+	}
+	return write("ca.pem", "CERTIFICATE", caDER), write("server.pem", "CERTIFICATE", serverDER),
+		write("server.key", "EC PRIVATE KEY", keyDER)
+}
+
 func TestRedisDownOrBlackholedAnswersWithinItsTimeout(t *testing.T) {
 	blackhole, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -558,13 +667,20 @@ func fileStorage(root string) *caddy.Context {
 // returns its address.
 func startRedis(t *testing.T, args ...string) string {
 	t.Helper()
+	port := loopbackPort(t)
+	return runRedis(t, port, append([]string{"--port", strconv.Itoa(port)}, args...)...)
+}
+
+// runRedis starts redis-server with args, stopped by pid when the test
+// ends, and waits until it listens on port.
+func runRedis(t *testing.T, port int, args ...string) string {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatal("redis-server is not installed: apt-get install -y redis-server")
 	}
-	port := loopbackPort(t)
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+	cmd := exec.Command(bin, append([]string{"--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args...)...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -616,3 +732,6 @@ func (c *testClock) Advance(d time.Duration) {
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
 }
+
+// StartRedis lets the black-box tests beside this file start a server.
+var StartRedis = startRedis
