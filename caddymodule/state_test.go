@@ -24,6 +24,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -173,6 +174,43 @@ func TestRedisStateConformance(t *testing.T) {
 		eng := loadEngine(t, nil, "redis", map[string]any{
 			"address": []string{addr}, "key_prefix": "conformance" + strconv.Itoa(n) + ":",
 		}).(*RedisState)
+		return engineUnderTest{store: newSharedState(eng, ttl, zap.NewNop()), advance: time.Sleep}
+	})
+}
+
+// Several addresses make a cluster client: here a one-node Redis Cluster,
+// with a second seed that is down.
+func TestRedisClusterStateConformance(t *testing.T) {
+	port := loopbackPort(t)
+	addr := runRedis(t, port, "--port", strconv.Itoa(port), "--cluster-enabled", "yes",
+		"--cluster-config-file", filepath.Join(t.TempDir(), "nodes.conf"))
+	node := redis.NewClient(&redis.Options{Addr: addr})
+	defer node.Close()
+	ctx := context.Background()
+	if err := node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := node.ClusterInfo(ctx).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("one-node cluster not ok after 10s: %v %s", err, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	down := "127.0.0.1:" + strconv.Itoa(loopbackPort(t))
+	n := 0
+	testStoreConformance(t, func(t *testing.T, ttl time.Duration) engineUnderTest {
+		n++
+		eng := loadEngine(t, nil, "redis", map[string]any{
+			"address": []string{addr, down}, "key_prefix": "cluster" + strconv.Itoa(n) + ":",
+		}).(*RedisState)
+		if _, ok := eng.client.(*redis.ClusterClient); !ok {
+			t.Fatalf("two addresses made a %T, want a cluster client", eng.client)
+		}
 		return engineUnderTest{store: newSharedState(eng, ttl, zap.NewNop()), advance: time.Sleep}
 	})
 }
