@@ -670,7 +670,7 @@ func TestStateEnginesRejectBadSettingsNamingThem(t *testing.T) {
 
 // loadEngine provisions a state engine module the way the handler does,
 // cleaned up when the test ends. parent carries the storage; nil for none.
-func loadEngine(t *testing.T, parent *caddy.Context, name string, cfg map[string]any) caddy.Module {
+func loadEngine(t testing.TB, parent *caddy.Context, name string, cfg map[string]any) caddy.Module {
 	t.Helper()
 	if parent == nil {
 		parent = fileStorage(t.TempDir())
@@ -703,7 +703,7 @@ func fileStorage(root string) *caddy.Context {
 
 // startRedis runs a redis-server on a free loopback port for the test and
 // returns its address.
-func startRedis(t *testing.T, args ...string) string {
+func startRedis(t testing.TB, args ...string) string {
 	t.Helper()
 	port := loopbackPort(t)
 	return runRedis(t, port, append([]string{"--port", strconv.Itoa(port)}, args...)...)
@@ -711,7 +711,7 @@ func startRedis(t *testing.T, args ...string) string {
 
 // runRedis starts redis-server with args, stopped by pid when the test
 // ends, and waits until it listens on port.
-func runRedis(t *testing.T, port int, args ...string) string {
+func runRedis(t testing.TB, port int, args ...string) string {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -741,7 +741,7 @@ func runRedis(t *testing.T, port int, args ...string) string {
 	}
 }
 
-func loopbackPort(t *testing.T) int {
+func loopbackPort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
