@@ -106,6 +106,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("state: %T %w", mod, errNotStateEngine)
 		}
 		cfg.Store = newSharedState(engine, cfg.SessionTTL, h.logger)
+		cfg.StoreTimeout = engine.CallTimeout()
 	}
 
 	h.poolKey = "mcp_serializer/" + h.Name

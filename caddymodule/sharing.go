@@ -1,6 +1,9 @@
 package caddymodule
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"sync"
@@ -41,7 +44,7 @@ var claims sync.Map // tableUse -> *tableClaim
 // reports how they differ from those of a handler provisioned before it.
 func (h *Handler) claimTable(ctx caddy.Context, cfg serializer.Config) error {
 	use := tableUse{config: ctx.GetMetricsRegistry(), name: h.Name}
-	mine := &tableClaim{settings: tableSettings(cfg)}
+	mine := &tableClaim{settings: append(tableSettings(cfg), setting{"state", stateSetting(h.StateRaw)})}
 	v, loaded := claims.LoadOrStore(use, mine)
 	if !loaded {
 		h.claim, h.claimed = use, mine
@@ -78,6 +81,23 @@ func tableSettings(c serializer.Config) []setting {
 		{"max_sessions", strconv.Itoa(c.MaxSessions)},
 		{"session_ttl", c.SessionTTL.String()},
 	}
+}
+
+// stateSetting names a handler's state engine, and a digest of its
+// settings rather than the settings, which may hold a password.
+func stateSetting(raw json.RawMessage) string {
+	if raw == nil {
+		return "none"
+	}
+	var mod struct{ Module string }
+	_ = json.Unmarshal(raw, &mod)
+	var compact bytes.Buffer
+	if json.Compact(&compact, raw) != nil {
+		compact.Reset()
+		compact.Write(raw)
+	}
+	sum := sha256.Sum256(compact.Bytes())
+	return fmt.Sprintf("%s (settings %x)", mod.Module, sum[:4])
 }
 
 func tableLabel(name string) string {

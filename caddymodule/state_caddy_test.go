@@ -1,11 +1,18 @@
 package caddymodule_test
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -43,6 +50,7 @@ func TestStateCaddyfileFormsServe(t *testing.T) {
 	} {
 		t.Run(strings.ReplaceAll(state, "\n", " "), func(t *testing.T) {
 			port, adminPort := freePort(t), freePort(t)
+			root := t.TempDir()
 			caddyfile := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	auto_https off
@@ -58,14 +66,35 @@ http://127.0.0.1:%d {
 	}
 	reverse_proxy %s
 }
-`, adminPort, t.TempDir(), port, state, upstream)
+`, adminPort, root, port, state, upstream)
 			cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
 			if err != nil {
 				t.Fatalf("adapting: %v\n%s", err, caddyfile)
 			}
 			loadCaddy(t, cfg)
 			connect(t, fmt.Sprintf("http://127.0.0.1:%d", port))
+			if strings.HasPrefix(state, "state storage") {
+				waitForOpenRecord(t, root, "s-new")
+			}
 		})
+	}
+}
+
+// waitForOpenRecord waits until the storage under root holds the open
+// fact of session id's record: the table writes it after the response.
+func waitForOpenRecord(t *testing.T, root, id string) {
+	t.Helper()
+	sum := sha256.Sum256([]byte(id))
+	file := filepath.Join(root, "mcp_serializer", "sessions", hex.EncodeToString(sum[:]), "open")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(file); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no open record at %s after 5s", file)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -75,6 +104,7 @@ func TestStateJSONFormsServe(t *testing.T) {
 	for _, state := range []string{`{"module": "redis"}`, `{"module": "storage"}`} {
 		t.Run(state, func(t *testing.T) {
 			port := freePort(t)
+			root := t.TempDir()
 			cfg := fmt.Sprintf(`{
 				"admin": {"disabled": true},
 				"storage": {"module": "file_system", "root": %q},
@@ -86,12 +116,15 @@ func TestStateJSONFormsServe(t *testing.T) {
 						{"handler": "reverse_proxy", "upstreams": [{"dial": %q}]}
 					]}]
 				}}}}
-			}`, t.TempDir(), port, state, upstream)
+			}`, root, port, state, upstream)
 			if !json.Valid([]byte(cfg)) {
 				t.Fatalf("bad test config:\n%s", cfg)
 			}
 			loadCaddy(t, []byte(cfg))
 			connect(t, fmt.Sprintf("http://127.0.0.1:%d", port))
+			if strings.Contains(state, "storage") {
+				waitForOpenRecord(t, root, "s-new")
+			}
 		})
 	}
 }
@@ -107,4 +140,102 @@ func loadCaddy(t *testing.T, cfg []byte) {
 		}
 		http.DefaultClient.CloseIdleConnections()
 	})
+}
+
+// twoTables is one Caddy with two sites, each with its own session table
+// and the same state engine: two instances in one process.
+func twoTables(t *testing.T, state, upstream string) (a, b, root string) {
+	t.Helper()
+	ports := [2]int{freePort(t), freePort(t)}
+	root = t.TempDir()
+	caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n",
+		freePort(t), root)
+	for i, port := range ports {
+		caddyfile += fmt.Sprintf("http://127.0.0.1:%d {\n\tmetrics /metrics\n\tmcp_serializer {\n\t\tname instance%d\n\t\t%s\n\t}\n\treverse_proxy %s\n}\n",
+			port, i, state, upstream)
+	}
+	if err := loadCaddyfile(t, caddyfile); err != nil {
+		t.Fatalf("loading: %v\n%s", err, caddyfile)
+	}
+	t.Cleanup(func() {
+		caddy.Stop()
+		http.DefaultClient.CloseIdleConnections()
+	})
+	return fmt.Sprintf("http://127.0.0.1:%d", ports[0]), fmt.Sprintf("http://127.0.0.1:%d", ports[1]), root
+}
+
+// A session created behind one table is gated behind the other, through
+// each engine: its follow-up waits for notifications/initialized.
+func TestSessionCreatedBehindOneTableIsGatedBehindAnother(t *testing.T) {
+	redisAddr := caddymodule.StartRedis(t)
+	for _, state := range []string{"state redis " + redisAddr, "state storage"} {
+		t.Run(state, func(t *testing.T) {
+			up, upstream := sessionUpstream(t)
+			a, b, root := twoTables(t, state, upstream)
+			resp := post(t, a, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)
+			resp.Body.Close()
+			if resp.Header.Get("Mcp-Session-Id") != "s-new" {
+				t.Fatalf("initialize: %s", resp.Status)
+			}
+			up.next(t)
+			setLevel := sendAsync(context.Background(), b, "s-new", `{"jsonrpc":"2.0","id":2,"method":"logging/setLevel"}`)
+			time.Sleep(200 * time.Millisecond)
+			if n := len(up.requests()); n != 1 {
+				t.Fatalf("upstream saw %d requests before initialized, want only initialize", n)
+			}
+			resp = post(t, b, "s-new", `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+			resp.Body.Close()
+			for _, want := range []string{"notifications/initialized", "logging/setLevel"} {
+				if got := up.next(t); !strings.Contains(string(got.Body), want) {
+					t.Fatalf("upstream got %s, want %s next", got.Body, want)
+				}
+			}
+			if r := <-setLevel; r == nil || r.StatusCode != http.StatusOK {
+				t.Fatalf("held request failed: %v", r)
+			}
+			if state == "state storage" {
+				waitForOpenRecord(t, root, "s-new")
+			}
+		})
+	}
+}
+
+// An engine that is down costs the initialize its timeout at most, fails
+// nothing, and is counted.
+func TestStateEngineDownFailsNoRequestAndIsCounted(t *testing.T) {
+	_, upstream := sessionUpstream(t)
+	down := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	a, _, _ := twoTables(t, "state redis "+down+" {\n\t\t\ttimeout 100ms\n\t\t}", upstream)
+	connect(t, a)
+	resp, err := http.Get(a + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	text, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(text), `caddy_mcp_serializer_state_errors_total{op="created"}`) {
+		t.Fatalf("metrics lack state_errors_total{op=\"created\"}:\n%s", text)
+	}
+}
+
+func TestHandlersSharingATableMustAgreeOnState(t *testing.T) {
+	_, upstream := sessionUpstream(t)
+	for _, states := range [][2]string{
+		{"state storage", ""},
+		{"state redis {\n\t\tpassword first-secret\n\t}", "state redis {\n\t\tpassword second-secret\n\t}"},
+	} {
+		caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", freePort(t))
+		for _, state := range states {
+			caddyfile += fmt.Sprintf("http://127.0.0.1:%d {\n\tmcp_serializer {\n\t\t%s\n\t}\n\treverse_proxy %s\n}\n",
+				freePort(t), state, upstream)
+		}
+		err := loadCaddyfile(t, caddyfile)
+		if err == nil {
+			caddy.Stop()
+			t.Fatalf("handlers of one table with %q and %q loaded; want the config refused", states[0], states[1])
+		}
+		if msg := err.Error(); !strings.Contains(msg, "state:") || strings.Contains(msg, "secret") {
+			t.Errorf("error %q: want one naming state, without its settings", msg)
+		}
+	}
 }
