@@ -176,8 +176,9 @@ func bounded[T any](s *sharedState, ctx context.Context, op stateOp, id string, 
 	case <-callCtx.Done():
 		a.err = fmt.Errorf("no answer within %s: %w", s.timeout, callCtx.Err())
 	}
-	if a.err != nil && ctx.Err() == nil {
-		// A caller that went away is not the engine's failure.
+	if a.err != nil && !errors.Is(ctx.Err(), context.Canceled) {
+		// A caller that went away is not the engine's failure; a
+		// caller's deadline (the table's own bound) passing is.
 		s.failed(op, id, a.err)
 	}
 	return a.val, a.err

@@ -485,6 +485,34 @@ func TestAdapterReturnsAtTheTimeoutWhenTheEngineIgnoresItsContext(t *testing.T) 
 	}
 }
 
+// The table's own deadline passing is the engine's failure; a caller
+// that cancels is not.
+func TestAdapterCountsTheCallersDeadlineButNotItsCancellation(t *testing.T) {
+	eng := hungEngine{release: make(chan struct{})}
+	defer close(eng.release)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	counter := metrics.stateErrors.WithLabelValues("lookup")
+
+	before := testutil.ToFloat64(counter)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if _, _, err := store.Lookup(ctx, "s"); err == nil {
+		t.Fatal("Lookup on a hung engine succeeded")
+	}
+	if got := testutil.ToFloat64(counter); got != before+1 {
+		t.Fatalf("after the caller's deadline: %v errors, want %v", got, before+1)
+	}
+
+	ctx, cancel = context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := store.Lookup(ctx, "s"); err == nil {
+		t.Fatal("Lookup with a cancelled context succeeded")
+	}
+	if got := testutil.ToFloat64(counter); got != before+1 {
+		t.Fatalf("a cancelled caller was counted: %v errors, want %v", got, before+1)
+	}
+}
+
 func TestAdapterWarnsOncePerOperationPerIntervalWithoutTheSessionID(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	eng := hungEngine{release: make(chan struct{})}
