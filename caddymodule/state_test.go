@@ -182,7 +182,7 @@ func TestRedisStateConformance(t *testing.T) {
 // with a second seed that is down.
 func TestRedisClusterStateConformance(t *testing.T) {
 	port := loopbackPort(t)
-	addr := runRedis(t, port, "--port", strconv.Itoa(port), "--cluster-enabled", "yes",
+	addr, _ := runRedis(t, port, "--port", strconv.Itoa(port), "--cluster-enabled", "yes",
 		"--cluster-config-file", filepath.Join(t.TempDir(), "nodes.conf"))
 	node := redis.NewClient(&redis.Options{Addr: addr})
 	defer node.Close()
@@ -300,7 +300,7 @@ func TestRedisOverTLS(t *testing.T) {
 	dir := t.TempDir()
 	caFile, certFile, keyFile := writeTestCerts(t, dir)
 	port := loopbackPort(t)
-	addr := runRedis(t, port, "--port", "0", "--tls-port", strconv.Itoa(port),
+	addr, _ := runRedis(t, port, "--port", "0", "--tls-port", strconv.Itoa(port),
 		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile,
 		"--tls-auth-clients", "no")
 	ctx := context.Background()
@@ -439,6 +439,43 @@ func TestRedisDownOrBlackholedAnswersWithinItsTimeout(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Redis stopped: calls fail, counted; Redis back on the same address: the
+// same engine works again, without a reload.
+func TestRedisEngineRecoversWhenRedisComesBack(t *testing.T) {
+	port := loopbackPort(t)
+	args := []string{"--port", strconv.Itoa(port)}
+	addr, stop := runRedis(t, port, args...)
+	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}, "timeout": "100ms"}).(*RedisState)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	if err := store.Created(ctx, "before", time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	before := testutil.ToFloat64(metrics.stateErrors.WithLabelValues("lookup"))
+	if _, _, err := store.Lookup(ctx, "before"); err == nil {
+		t.Fatal("Lookup succeeded with Redis stopped")
+	}
+	if got := testutil.ToFloat64(metrics.stateErrors.WithLabelValues("lookup")); got != before+1 {
+		t.Fatalf("state_errors_total{op=lookup} went from %v to %v, want one more", before, got)
+	}
+	runRedis(t, port, args...)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := store.Created(ctx, "after", time.Now().Add(time.Minute))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still failing 10s after Redis came back: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, found, err := store.Lookup(ctx, "after"); err != nil || !found {
+		t.Fatalf("Lookup after the restart = %v, %v", found, err)
 	}
 }
 
@@ -706,6 +743,11 @@ func loadEngine(t testing.TB, parent *caddy.Context, name string, cfg map[string
 	if cfg == nil {
 		cfg = map[string]any{}
 	}
+	if _, set := cfg["timeout"]; !set {
+		// The machine may be shared and slow: the tests that are not
+		// about the timeout must not fail on it.
+		cfg["timeout"] = "5s"
+	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -734,33 +776,38 @@ func fileStorage(root string) *caddy.Context {
 func startRedis(t testing.TB, args ...string) string {
 	t.Helper()
 	port := loopbackPort(t)
-	return runRedis(t, port, append([]string{"--port", strconv.Itoa(port)}, args...)...)
+	addr, _ := runRedis(t, port, append([]string{"--port", strconv.Itoa(port)}, args...)...)
+	return addr
 }
 
 // runRedis starts redis-server with args, stopped by pid when the test
-// ends, and waits until it listens on port.
-func runRedis(t testing.TB, port int, args ...string) string {
+// ends or by stop, and waits until it listens on port.
+func runRedis(t testing.TB, port int, args ...string) (addr string, stop func()) {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatal("redis-server is not installed: apt-get install -y redis-server")
 	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
+	addr = "127.0.0.1:" + strconv.Itoa(port)
 	cmd := exec.Command(bin, append([]string{"--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args...)...)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+		})
+	}
+	t.Cleanup(stop)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()
-			return addr
+			return addr, stop
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("redis-server not listening on %s after 10s: %v", addr, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
@@ -168,6 +169,11 @@ func (c redisConn) options() (*redis.UniversalOptions, error) {
 		// One retry: a reset connection (Redis restarted) gets a fresh
 		// one within the same call.
 		MaxRetries: 1,
+		// Fewer round trips on a new connection, within the first call's
+		// timeout: no CLIENT SETINFO, no maintenance notifications
+		// (a managed-service feature that Redis 7 and Valkey lack).
+		DisableIdentity:          true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	}
 	if c.TLS {
 		opts.TLSConfig = &tls.Config{
