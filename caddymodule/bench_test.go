@@ -1,0 +1,72 @@
+package caddymodule_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/caddymodule"
+)
+
+// discardWriter is a ResponseWriter that keeps nothing.
+type discardWriter struct{ header http.Header }
+
+func (w *discardWriter) Header() http.Header         { return w.header }
+func (w *discardWriter) WriteHeader(int)             {}
+func (w *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
+
+var benchAnswer = []byte(`{"jsonrpc":"2.0","id":3,"result":{"tools":[]}}`)
+
+// answerAtOnce stands in for reverse_proxy: it reads the body and answers.
+var answerAtOnce = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(benchAnswer)
+	return nil
+})
+
+// BenchmarkServeHTTP is the handler's own cost per request, on requests
+// prepared as Caddy's server prepares them (replacer, vars, extra log
+// fields); preparing them is not counted.
+func BenchmarkServeHTTP(b *testing.B) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	h := &caddymodule.Handler{Name: "bench-serve-http"}
+	if err := h.Provision(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer h.Cleanup()
+	body := []byte(`{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{}}`)
+
+	for _, c := range []struct {
+		name, method, sid string
+	}{
+		{"sessionless-GET", http.MethodGet, ""},
+		{"sessionless-POST", http.MethodPost, ""},
+		{"session-POST", http.MethodPost, "0123456789abcdef0123456789abcdef"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			w := &discardWriter{header: make(http.Header)}
+			b.ReportAllocs()
+			for b.Loop() {
+				b.StopTimer()
+				req, _ := http.NewRequest(c.method, "http://127.0.0.1/mcp", bytes.NewReader(body))
+				if c.sid != "" {
+					req.Header.Set("Mcp-Session-Id", c.sid)
+				}
+				req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, nil)
+				clear(w.header)
+				b.StartTimer()
+				if err := h.ServeHTTP(w, req, answerAtOnce); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
