@@ -172,7 +172,7 @@ func (h *Handler) readBody(r *http.Request) (serializer.Traits, []byte, error) {
 	r.TransferEncoding = nil
 	r.Header.Del("Transfer-Encoding")
 	r.Header.Set("Content-Length", strconv.Itoa(len(buf)))
-	traits, reqID := serializer.Classify(buf)
+	traits, reqID, _ := serializer.Classify(buf)
 	return traits, reqID, nil
 }
 

@@ -41,7 +41,7 @@ func benchClassify(b *testing.B, body []byte, want Traits) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if traits, _ := Classify(body); traits != want {
+		if traits, _, _ := Classify(body); traits != want {
 			b.Fatalf("traits %v, want %v", traits, want)
 		}
 	}

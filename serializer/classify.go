@@ -3,6 +3,7 @@ package serializer
 import (
 	"bytes"
 	"encoding/json"
+	"unicode/utf8"
 )
 
 // Traits are the properties of a request that change how it is scheduled.
@@ -29,11 +30,12 @@ const (
 
 // Classify reads a JSON-RPC body (one message or a batch) and returns its
 // traits, plus the raw id of a single request so that a local error reply
-// can answer it. Malformed JSON has no traits: it is an ordinary message
-// and the upstream answers it. The returned id aliases body.
-func Classify(body []byte) (traits Traits, id []byte) {
+// can answer it, and its method for logs. Malformed JSON has no traits: it
+// is an ordinary message and the upstream answers it. The returned id and
+// method alias body.
+func Classify(body []byte) (traits Traits, id []byte, method Method) {
 	if !valid(body) {
-		return 0, nil
+		return 0, nil, Method{}
 	}
 	s := scanner{b: body}
 	s.space()
@@ -43,11 +45,55 @@ func Classify(body []byte) (traits Traits, id []byte) {
 		if m.isRequest() {
 			id = m.id
 		}
-		return m.traits(), id
+		switch {
+		case m.methodString:
+			method = Method{raw: m.method, kind: methodNamed}
+		case m.isResponse():
+			method = Method{kind: methodResponse}
+		}
+		return m.traits(), id, method
 	case '[':
-		return s.batch(), nil
+		return s.batch(), nil, Method{kind: methodBatch}
 	}
-	return 0, nil
+	return 0, nil, Method{}
+}
+
+// Method names what a body holds, for logs and placeholders: the method of
+// a single request or notification, "response" for a single response,
+// "batch" for an array, and "" for anything else. The zero value is "".
+type Method struct {
+	raw  []byte // a single message's method, raw string contents
+	kind methodKind
+}
+
+type methodKind uint8
+
+const (
+	methodNone methodKind = iota
+	methodNamed
+	methodResponse
+	methodBatch
+)
+
+// String returns the method, decoding JSON escapes and replacing invalid
+// UTF-8 as encoding/json does. It allocates; call it only to show it.
+func (m Method) String() string {
+	switch m.kind {
+	case methodNamed:
+		if bytes.IndexByte(m.raw, '\\') < 0 && utf8.Valid(m.raw) {
+			return string(m.raw)
+		}
+		quoted := make([]byte, 0, len(m.raw)+2)
+		quoted = append(append(append(quoted, '"'), m.raw...), '"')
+		var decoded string
+		_ = json.Unmarshal(quoted, &decoded) // valid: Classify checked the body
+		return decoded
+	case methodResponse:
+		return "response"
+	case methodBatch:
+		return "batch"
+	}
+	return ""
 }
 
 // message is what scheduling needs to know of one JSON-RPC object.

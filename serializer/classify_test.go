@@ -36,11 +36,37 @@ func TestClassify(t *testing.T) {
 		{"scalar", `"notifications/initialized"`, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			traits, id := Classify([]byte(tc.body))
+			traits, id, _ := Classify([]byte(tc.body))
 			if traits != tc.traits || string(id) != tc.id {
 				t.Fatalf("Classify(%s) = %b, %q; want %b, %q", tc.body, traits, id, tc.traits, tc.id)
 			}
 		})
+	}
+}
+
+func TestClassifyNamesTheMethod(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`:            "tools/list",
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`:    "notifications/initialized",
+		`{"jsonrpc":"2.0","id":1,"method":"tools\/li\u0073t"}`:      "tools/list",
+		"{\"jsonrpc\":\"2.0\",\"method\":\"a\xffb\"}":               "a\ufffdb",
+		`{"jsonrpc":"2.0","id":5,"result":{}}`:                      "response",
+		`{"jsonrpc":"2.0","id":5,"error":{"code":1,"message":"x"}}`: "response",
+		`[{"jsonrpc":"2.0","method":"notifications/initialized"}]`:  "batch",
+		`[]`:                            "batch",
+		`{"jsonrpc":"2.0","method":5}`:  "",
+		`{"jsonrpc":"2.0","result":{}}`: "",
+		`{"jsonrpc":"2.0","method":"notifications/in`: "",
+		`"tools/list"`: "",
+		``:             "",
+	} {
+		_, _, method := Classify([]byte(body))
+		if got := method.String(); got != want {
+			t.Errorf("Classify(%s) method = %q, want %q", body, got, want)
+		}
+		if _, _, ref := referenceClassify(t, []byte(body)); ref != want {
+			t.Errorf("referenceClassify(%s) method = %q, want %q", body, ref, want)
+		}
 	}
 }
 

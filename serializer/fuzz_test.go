@@ -16,10 +16,10 @@ func FuzzClassify(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		traits, id := Classify(body)
-		wantTraits, wantID := referenceClassify(t, body)
-		if traits != wantTraits || !bytes.Equal(id, wantID) {
-			t.Fatalf("Classify(%q) = %b, %q; encoding/json says %b, %q", body, traits, id, wantTraits, wantID)
+		traits, id, method := Classify(body)
+		wantTraits, wantID, wantMethod := referenceClassify(t, body)
+		if traits != wantTraits || !bytes.Equal(id, wantID) || method.String() != wantMethod {
+			t.Fatalf("Classify(%q) = %b, %q, %q; encoding/json says %b, %q, %q", body, traits, id, method, wantTraits, wantID, wantMethod)
 		}
 	})
 }
@@ -40,14 +40,17 @@ func FuzzClassify(f *testing.F) {
 //     or has the string method "notifications/cancelled".
 //   - The id is returned for a top-level object only, when its "method" is
 //     a string and it has an "id" member: the member's raw JSON text.
-func referenceClassify(t *testing.T, body []byte) (Traits, []byte) {
+//   - The method: for a top-level object, its "method" member when that is
+//     a string, decoded; else "response" when it is a response; for a
+//     top-level array, "batch"; else "".
+func referenceClassify(t *testing.T, body []byte) (Traits, []byte, string) {
 	// RawMessage, not any: a number beyond float64 is still valid JSON.
 	var top json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
 		if json.Valid(body) {
 			t.Fatalf("json.Valid accepts what json.Unmarshal rejects: %v", err)
 		}
-		return 0, nil
+		return 0, nil, ""
 	}
 	switch top[0] {
 	case '{':
@@ -55,12 +58,24 @@ func referenceClassify(t *testing.T, body []byte) (Traits, []byte) {
 		mustUnmarshal(t, top, &m)
 		traits := refTraits(t, m)
 		var id []byte
-		if _, isString := refMethod(t, m); isString {
+		name, isString := refMethod(t, m)
+		if isString {
 			if raw, ok := m["id"]; ok {
 				id = raw
 			}
 		}
-		return traits, id
+		_, hasMethod := m["method"]
+		_, hasID := m["id"]
+		_, hasResult := m["result"]
+		_, hasError := m["error"]
+		switch {
+		case isString:
+		case !hasMethod && hasID && (hasResult || hasError):
+			name = "response"
+		default:
+			name = ""
+		}
+		return traits, id, name
 	case '[':
 		var elems []json.RawMessage
 		mustUnmarshal(t, top, &elems)
@@ -78,11 +93,11 @@ func referenceClassify(t *testing.T, body []byte) (Traits, []byte) {
 			all &= tr
 		}
 		if len(elems) == 0 {
-			return 0, nil
+			return 0, nil, "batch"
 		}
-		return some&CarriesInitialized | all, nil
+		return some&CarriesInitialized | all, nil, "batch"
 	}
-	return 0, nil
+	return 0, nil, ""
 }
 
 func refTraits(t *testing.T, m map[string]json.RawMessage) Traits {
@@ -196,6 +211,10 @@ func classifySeeds() []string {
 		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"text":"`+strings.Repeat(`x\"\\`, 1000)+`"}}`,
 		`{"jsonrpc":"2.0","method":"`+strings.Repeat("n", 4096)+`"}`,
 		`[`+strings.Repeat(`{"jsonrpc":"2.0","id":1,"result":{}},`, 100)+`{"jsonrpc":"2.0","method":"notifications/initialized"}]`,
+		// Methods that must be decoded before they are shown.
+		`{"jsonrpc":"2.0","id":1,"method":"tools\u002flist"}`,
+		"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"bad\xff\xfeutf8\"}",
+		`{"jsonrpc":"2.0","id":1,"method":"tools/list","result":{}}`,
 	)
 	return seeds
 }
@@ -222,10 +241,10 @@ func extremeBodies() []string {
 
 func TestClassifyAgreesWithEncodingJSONOnExtremeBodies(t *testing.T) {
 	for _, body := range extremeBodies() {
-		traits, id := Classify([]byte(body))
-		wantTraits, wantID := referenceClassify(t, []byte(body))
-		if traits != wantTraits || !bytes.Equal(id, wantID) {
-			t.Errorf("Classify(%.80s...) = %b, %q; encoding/json says %b, %q", body, traits, id, wantTraits, wantID)
+		traits, id, method := Classify([]byte(body))
+		wantTraits, wantID, wantMethod := referenceClassify(t, []byte(body))
+		if traits != wantTraits || !bytes.Equal(id, wantID) || method.String() != wantMethod {
+			t.Errorf("Classify(%.80s...) = %b, %q, %.40q; encoding/json says %b, %q, %.40q", body, traits, id, method, wantTraits, wantID, wantMethod)
 		}
 	}
 }
@@ -241,7 +260,7 @@ func TestReferenceClassifyOnKnownBodies(t *testing.T) {
 		`[{"jsonrpc":"2.0","id":1,"result":{}},null]`:                                                 0,
 		`[]`: 0,
 	} {
-		if got, _ := referenceClassify(t, []byte(body)); got != want {
+		if got, _, _ := referenceClassify(t, []byte(body)); got != want {
 			t.Errorf("reference(%s) = %b, want %b", body, got, want)
 		}
 	}

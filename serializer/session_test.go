@@ -64,7 +64,7 @@ func TestHeldRequestWaitsForInitializedAck(t *testing.T) {
 
 func TestPingIsHeldLikeAnyRequest(t *testing.T) {
 	// The gate looks at traits only: a ping has none, so it is held.
-	traits, _ := Classify([]byte(`{"jsonrpc":"2.0","id":9,"method":"ping"}`))
+	traits, _, _ := Classify([]byte(`{"jsonrpc":"2.0","id":9,"method":"ping"}`))
 	tab, _ := newTestTable(t, nil)
 	initialize, _ := tab.Begin("s", nil)
 	initialize.Done(200)
