@@ -37,6 +37,7 @@ type Session struct {
 	// the gate); only a session with none may be evicted or expire.
 	refs     atomic.Int32
 	lastUsed atomic.Int64 // unix nanoseconds
+	created  time.Time
 
 	mu        sync.Mutex
 	inFlight  bool // a request holds the slot
@@ -46,6 +47,7 @@ type Session struct {
 	gateOpens chan struct{} // closed when the gate leaves gateInitializing
 	stopInit  func() bool   // cancels the init timeout
 	synth     func(context.Context) bool
+	dropped   bool // by an operator (Table.Drop): waiters get ErrSessionDropped
 
 	// With a Store only.
 	lookingUp bool      // the gate's state awaits the Store's answer
@@ -68,7 +70,9 @@ type Turn struct {
 	s        *Session
 	traits   Traits
 	overtake bool
-	begins   bool // the initialize exchange that created the session
+	begins   bool          // the initialize exchange that created the session
+	held     bool          // at the gate, waiting for initialized
+	waited   time.Duration // before the turn; 0 when it went straight through
 }
 
 // Streaming records that the response is an event stream, which lets
@@ -205,11 +209,12 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Tu
 		Turn{s: s, traits: traits &^ CarriesInitialized, overtake: w.overtake}.release()
 		return Turn{}, ctx.Err()
 	}
+	waited := s.table.clock.Now().Sub(start)
 	if w.err != nil {
-		return Turn{}, w.err
+		return Turn{waited: waited, held: held}, w.err // for logs only
 	}
-	cfg.Events.Waited(s.table.clock.Now().Sub(start))
-	return Turn{s: s, traits: traits, overtake: w.overtake}, nil
+	cfg.Events.Waited(waited)
+	return Turn{s: s, traits: traits, overtake: w.overtake, waited: waited, held: held}, nil
 }
 
 // release gives the slot back without any effect of an upstream answer.
@@ -369,7 +374,11 @@ func (s *Session) waitGate(ctx context.Context) error {
 		}
 		s.mu.Lock()
 		gate = s.gate
+		dropped := s.dropped
 		s.mu.Unlock()
+		if dropped {
+			return ErrSessionDropped
+		}
 	}
 	if gate == gateRejecting {
 		return ErrNotInitialized

@@ -177,8 +177,8 @@ func (t *Table) add(id string) *Session {
 		// Every session is in use: grow rather than drop one with waiters.
 		t.lru.Resize(t.lru.Len() + 1)
 	}
-	s := &Session{table: t, id: id}
-	s.lastUsed.Store(t.clock.Now().UnixNano())
+	s := &Session{table: t, id: id, created: t.clock.Now()}
+	s.lastUsed.Store(s.created.UnixNano())
 	t.lru.Add(id, s)
 	return s
 }
