@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -27,29 +28,34 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	ids := r.Header.Values(sessionHeader)
 	if len(ids) == 0 {
 		if r.Method != http.MethodPost {
+			// Not MCP (plain HTTP): untouched, not even placeholders.
 			metrics.sessionless.Inc()
 			return next.ServeHTTP(w, r)
 		}
+		publishNoSession(r)
 		return h.serveSessionless(w, r, next)
 	}
 	if len(ids) > 1 || !validSessionID(ids[0]) {
+		publishNoSession(r)
 		return h.reject(w, r, "invalid_session_id", http.StatusBadRequest, codeInvalidRequest,
 			"invalid Mcp-Session-Id: want one value of 1 to 256 visible ASCII characters", nil)
 	}
-	id := ids[0]
+	info := &requestInfo{sessionID: ids[0]}
+	info.publish(r)
 	switch r.Method {
 	case http.MethodGet:
-		return h.serveGetStream(w, r, next, id)
+		return h.serveGetStream(w, r, next, info)
 	case http.MethodDelete:
-		return h.serveInTurn(w, r, next, id, serializer.EndsSession, nil)
+		return h.serveInTurn(w, r, next, info, serializer.EndsSession, nil)
 	case http.MethodPost:
-		traits, reqID, err := h.readBody(r)
+		traits, reqID, method, err := h.readBody(r)
 		if err != nil {
 			return h.rejectBody(w, r, err)
 		}
-		return h.serveInTurn(w, r, next, id, traits, reqID)
+		info.method = method
+		return h.serveInTurn(w, r, next, info, traits, reqID)
 	}
-	return h.serveInTurn(w, r, next, id, 0, nil)
+	return h.serveInTurn(w, r, next, info, 0, nil)
 }
 
 // validSessionID enforces the spec's charset (visible ASCII) and a length
@@ -94,6 +100,7 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request, 
 	}
 	turn, ok := h.table.Begin(id, h.synthesizer(r, next, id))
 	if ok {
+		publishCreated(r, id)
 		if c := h.logger.Check(zapcore.DebugLevel, "session created, held until initialized"); c != nil {
 			c.Write(zap.String("session", sessionHash(id)))
 		}
@@ -102,12 +109,13 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request, 
 }
 
 // serveInTurn forwards the request once it is the session's turn.
-func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, traits serializer.Traits, reqID []byte) error {
+func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo, traits serializer.Traits, reqID []byte) error {
 	// Made before the turn: the table may ask it for a synthesizer.
 	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r, next: next}
-	turn, err := h.table.AcquireFrom(r.Context(), id, traits, ew)
+	turn, err := h.table.AcquireFrom(r.Context(), info.sessionID, traits, ew)
+	info.waited, info.held = turn.Waited(), turn.Held()
 	if err != nil {
-		return h.rejectWait(w, r, id, err, reqID)
+		return h.rejectWait(w, r, info.sessionID, err, reqID)
 	}
 	if turn.Overtook() {
 		metrics.overtakes.Inc()
@@ -122,14 +130,23 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 
 // serveGetStream lets the server-to-client stream through once the gate is
 // open; it never takes the session's slot.
-func (h *Handler) serveGetStream(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
+func (h *Handler) serveGetStream(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo) error {
 	if h.GetStream == getStreamReject {
 		w.Header().Set("Allow", "POST, DELETE")
 		return h.reject(w, r, "get_stream", http.StatusMethodNotAllowed, codeServerError,
 			"the GET event stream is disabled here (get_stream reject); use POST", nil)
 	}
-	if err := h.table.WaitGate(r.Context(), id); err != nil {
-		return h.rejectWait(w, r, id, err, nil)
+	// Only a gated session makes a GET wait, and a gate never closes again.
+	var start time.Time
+	if info.held = h.table.Gated(info.sessionID); info.held {
+		start = time.Now()
+	}
+	err := h.table.WaitGate(r.Context(), info.sessionID)
+	if info.held {
+		info.waited = time.Since(start)
+	}
+	if err != nil {
+		return h.rejectWait(w, r, info.sessionID, err, nil)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -144,9 +161,9 @@ var errBodyTooLarge *http.MaxBytesError
 // readBody reads the POST body (up to MaxBody) to classify it, then hands
 // the upstream the same bytes with an exact Content-Length: php-fpm needs
 // one. A larger body is not parsed and streams through as it came.
-func (h *Handler) readBody(r *http.Request) (serializer.Traits, []byte, error) {
+func (h *Handler) readBody(r *http.Request) (serializer.Traits, []byte, serializer.Method, error) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > h.MaxBody {
-		return 0, nil, nil
+		return 0, nil, serializer.Method{}, nil
 	}
 	sized := r.ContentLength >= 0
 	want := r.ContentLength
@@ -158,22 +175,22 @@ func (h *Handler) readBody(r *http.Request) (serializer.Traits, []byte, error) {
 		err = nil // the end of a body of unknown length
 	}
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, serializer.Method{}, err
 	}
 	if int64(len(buf)) > h.MaxBody {
 		r.Body = struct {
 			io.Reader
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
-		return 0, nil, nil
+		return 0, nil, serializer.Method{}, nil
 	}
 	r.Body = io.NopCloser(bytes.NewReader(buf))
 	r.ContentLength = int64(len(buf))
 	r.TransferEncoding = nil
 	r.Header.Del("Transfer-Encoding")
 	r.Header.Set("Content-Length", strconv.Itoa(len(buf)))
-	traits, reqID, _ := serializer.Classify(buf)
-	return traits, reqID, nil
+	traits, reqID, method := serializer.Classify(buf)
+	return traits, reqID, method, nil
 }
 
 // firstBlock is what reading a body costs before the body has shown that
@@ -218,6 +235,11 @@ func (h *Handler) rejectWait(w http.ResponseWriter, r *http.Request, id string, 
 		w.Header().Set("Retry-After", "1")
 		return h.reject(w, r, "queue_timeout", http.StatusServiceUnavailable, codeServerError,
 			"timed out waiting for this MCP session's earlier requests (queue_timeout)", reqID)
+	case errors.Is(err, serializer.ErrSessionDropped):
+		// Answered as a queue timeout is: the client may retry at once.
+		w.Header().Set("Retry-After", "1")
+		return h.reject(w, r, "session_dropped", http.StatusServiceUnavailable, codeServerError,
+			"this MCP session was dropped on Caddy's admin endpoint while the request waited; retry it", reqID)
 	case errors.Is(err, serializer.ErrNotInitialized):
 		return h.reject(w, r, "not_initialized", http.StatusBadRequest, codeInvalidRequest,
 			"Client session not initialized: notifications/initialized was not acknowledged within init_timeout", reqID)
