@@ -109,7 +109,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		cfg.StoreTimeout = engine.CallTimeout()
 	}
 
-	h.poolKey = "mcp_serializer/" + h.Name
+	h.poolKey = poolKeyPrefix + h.Name
 	val, loaded, err := tables.LoadOrNew(h.poolKey, func() (caddy.Destructor, error) {
 		return pooledTable{serializer.NewTable(cfg)}, nil
 	})
@@ -182,8 +182,11 @@ func (h *Handler) Cleanup() error {
 	return err
 }
 
-// tables holds the session tables by name across config reloads.
+// tables holds the session tables by name across config reloads, under
+// poolKeyPrefix + name.
 var tables = caddy.NewUsagePool()
+
+const poolKeyPrefix = "mcp_serializer/"
 
 // pooledTable lets the usage pool stop a table's janitor.
 type pooledTable struct{ *serializer.Table }
