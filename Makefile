@@ -18,7 +18,7 @@ DEMO         := $(BIN)/demo-backend
 CLIENT_DEPS  := integration/client/node_modules/.package-lock.json
 DEMO_LISTEN  := 127.0.0.1:9081
 
-.PHONY: run test lint fuzz bench caddy clean
+.PHONY: run test deps lint fuzz bench caddy clean
 
 $(XCADDY):
 	GOBIN=$(BIN) go install github.com/caddyserver/xcaddy/cmd/xcaddy@$(XCADDY_VERSION)
@@ -45,8 +45,13 @@ run: $(CADDY) $(DEMO)
 	echo; \
 	$(CADDY) run --config xcaddy.Caddyfile --adapter caddyfile
 
+# PHP-FPM, pdo_sqlite, Node.js >= 20 and redis-server, installed with
+# apt-get when missing (or the command to run is printed).
+deps:
+	@scripts/install-test-deps
+
 # The MCP TypeScript SDK client used by the integration tests.
-$(CLIENT_DEPS): integration/client/package.json integration/client/package-lock.json
+$(CLIENT_DEPS): integration/client/package.json integration/client/package-lock.json | deps
 	npm ci --prefix integration/client --no-audit --no-fund
 
 lint:
@@ -55,7 +60,7 @@ lint:
 
 # Everything CI runs: lint, then every test (unit, in-process Caddy, and
 # the real Caddy binary with PHP-FPM and the SDK client) with -race.
-test: lint $(CADDY) $(CLIENT_DEPS)
+test: deps lint $(CADDY) $(CLIENT_DEPS)
 	go test -race -timeout 30m ./...
 
 # Plain Caddy and Caddy with mcp_serializer side by side, same binary, same
