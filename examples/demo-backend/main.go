@@ -39,6 +39,7 @@ func main() {
 		progressPause = flag.Duration("progress-pause", 200*time.Millisecond, "pause before each event of the progress tool")
 		streamMax     = flag.Duration("stream-max", 30*time.Second, "longest a GET stream stays open")
 		verbose       = flag.Bool("v", false, "log every request")
+		storeDir      = flag.String("store-dir", "", "keep sessions as files in this directory, shared by every demo-backend given the same one (default: in memory)")
 	)
 	flag.Parse()
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
@@ -55,6 +56,7 @@ func main() {
 		StreamMax:       *streamMax,
 		// A long-running demo keeps counters only, not every request.
 		DisableRequestLog: true,
+		StoreDir:          *storeDir,
 	}
 	var handler http.Handler = backend
 	if *verbose {
@@ -66,6 +68,11 @@ func main() {
 		ReadHeaderTimeout: 10 * time.Second,
 		// Open GET streams end with the process, not after Shutdown's wait.
 		BaseContext: func(net.Listener) context.Context { return ctx },
+	}
+	if *storeDir != "" {
+		if err := os.MkdirAll(*storeDir, 0o700); err != nil {
+			log.Fatal(err)
+		}
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {

@@ -52,6 +52,11 @@ type Backend struct {
 	// it to hold one handler with a stale copy and so order the race
 	// deterministically.
 	AfterLoad func(sessionID string, methods []string)
+	// StoreDir, when set, keeps the session records as files in this
+	// directory instead of in memory, so that several Backend processes
+	// on one host share their sessions like app servers sharing a
+	// database. The directory must exist.
+	StoreDir string
 
 	once  sync.Once
 	store *store
@@ -63,7 +68,11 @@ const maxBody = 4 << 20
 
 func (b *Backend) init() {
 	b.once.Do(func() {
-		b.store = newStore()
+		if b.StoreDir != "" {
+			b.store = newDirStore(b.StoreDir)
+		} else {
+			b.store = newStore()
+		}
 		b.log = newRequestLog(!b.DisableRequestLog)
 	})
 }
