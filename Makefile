@@ -13,6 +13,7 @@ CADDY_SOURCES := $(filter-out %_test.go,$(wildcard caddymodule/*.go serializer/*
 DEMO_SOURCES  := $(filter-out %_test.go,$(wildcard examples/demo-backend/*.go integration/mcpstub/*.go probe/*.go)) go.mod
 
 export MCP_SERIALIZER_CADDY := $(CADDY)
+export MCP_SERIALIZER_DEMO_BACKEND := $(CURDIR)/bin/demo-backend
 
 DEMO         := $(BIN)/demo-backend
 CLIENT_DEPS  := integration/client/node_modules/.package-lock.json
@@ -60,7 +61,7 @@ lint:
 
 # Everything CI runs: lint, then every test (unit, in-process Caddy, and
 # the real Caddy binary with PHP-FPM and the SDK client) with -race.
-test: deps lint $(CADDY) $(CLIENT_DEPS)
+test: deps lint $(CADDY) $(DEMO) $(CLIENT_DEPS)
 	go test -race -timeout 30m ./...
 
 # Plain Caddy and Caddy with mcp_serializer side by side, same binary, same

@@ -131,6 +131,7 @@ type pipelineResult struct {
 	IDMismatches      int            `json:"idMismatches"`
 	Broken            int            `json:"broken"`
 	UnexpectedReplies int            `json:"unexpectedReplies"`
+	Timeouts          int            `json:"timeouts"` // replies awaited in vain for 20 s
 	FailedSessions    int            `json:"failedSessions"`
 	Failures          int            `json:"failures"`
 	GetStatuses       map[string]int `json:"getStatuses"`
@@ -153,6 +154,7 @@ func (r pipelineResult) summary() string {
 		", broken sessions " + strconv.Itoa(r.Broken) +
 		", failed connects " + strconv.Itoa(r.FailedConnects) +
 		", unexpected replies " + strconv.Itoa(r.UnexpectedReplies) +
+		", reply timeouts " + strconv.Itoa(r.Timeouts) +
 		", GET statuses " + jsonString(r.GetStatuses) +
 		", connect p50 " + strconv.FormatFloat(r.ConnectP50Ms, 'f', 1, 64) + " ms" +
 		", p99 " + strconv.FormatFloat(r.ConnectP99Ms, 'f', 1, 64) + " ms" +

@@ -22,6 +22,10 @@ type phpFPMOptions struct {
 	ProgressMS int    // MCP_PHP_PROGRESS_MS, pause after each progress event (default 150)
 	GetSeconds int    // MCP_PHP_GET_SECONDS, lifetime of a GET stream (default 0: until the session or the client is gone)
 	AppLock    bool   // MCP_PHP_APP_LOCK, a per-session lock around each POST and DELETE (default off)
+	// Store is an existing session store to share with other pools (one
+	// per Caddy instance, as app servers share a database); "" creates
+	// one for this pool.
+	Store string
 }
 
 // phpFPM is a running PHP-FPM master serving integration/php/public.
@@ -88,8 +92,11 @@ func startPHPFPM(t testing.TB, opts phpFPMOptions) *phpFPM {
 	f := &phpFPM{
 		Socket:    filepath.Join(dir, "php-fpm.sock"),
 		PublicDir: filepath.Join(repoRoot(t), "integration", "php", "public"),
-		Store:     filepath.Join(dir, "sessions.sqlite"),
+		Store:     opts.Store,
 		Dir:       dir,
+	}
+	if f.Store == "" {
+		f.Store = filepath.Join(dir, "sessions.sqlite")
 	}
 	if len(f.Socket) >= 100 {
 		t.Fatalf("socket path too long for a unix socket: %s (set TMPDIR to a shorter directory)", f.Socket)
@@ -135,7 +142,9 @@ php_admin_value[max_execution_time] = 120
 		t.Fatal(err)
 	}
 
-	initStore(t, bin, f)
+	if opts.Store == "" {
+		initStore(t, bin, f)
+	}
 
 	args := []string{"--nodaemonize", "-y", conf}
 	if os.Geteuid() == 0 {

@@ -23,7 +23,8 @@
 //   before; once all are answered, a later `tools/list` on the same session;
 //   then DELETE. Counts rejections (-32600), HTTP errors by method and status,
 //   replies whose ids differ from their request's ids, and broken sessions
-//   (the later tools/list fails). --get skip answers the SDK's GET locally
+//   (the later tools/list fails), and replies still missing after 20 s
+//   (timeouts: a request stuck somewhere). --get skip answers the SDK's GET locally
 //   with 405 (as a server without a GET stream would), so that GET streams
 //   do not pin PHP-FPM workers.
 //   Connect latency (connectP50Ms, connectP99Ms over connectTimed connects,
@@ -245,7 +246,10 @@ async function pipelineConnect(opts, run) {
     const reply = new Promise((resolve) => {
       // The timer also keeps the process alive while a lost reply is awaited.
       const timer = setTimeout(() => {
-        if (waiters.delete(id)) resolve(undefined);
+        if (waiters.delete(id)) {
+          run.timeouts += 1;
+          resolve(undefined);
+        }
       }, REPLY_TIMEOUT_MS);
       waiters.set(id, (message) => {
         clearTimeout(timer);
@@ -366,6 +370,7 @@ async function pipeline(opts) {
     idMismatches: 0,
     broken: 0,
     unexpectedReplies: 0,
+    timeouts: 0,
     failedSessions: 0,
     getStatuses: {},
     samples: [],
@@ -395,7 +400,7 @@ async function pipeline(opts) {
   await Promise.all(Array.from({ length: Math.min(opts.concurrency, n) }, worker));
   run.elapsedMs = Math.round(performance.now() - started);
   run.httpErrorCount = Object.values(run.httpErrors).reduce((a, b) => a + b, 0);
-  run.failures = run.rejections + run.httpErrorCount + run.idMismatches + run.broken + run.failedConnects + run.unexpectedReplies;
+  run.failures = run.rejections + run.httpErrorCount + run.idMismatches + run.broken + run.failedConnects + run.unexpectedReplies + run.timeouts;
   run.ok = run.failures === 0 && run.connects === n;
   run.connectTimed = run.connectMs.length;
   run.connectP50Ms = percentile(run.connectMs, 0.5);

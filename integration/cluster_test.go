@@ -1,0 +1,320 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// clusterOptions describes several Caddy instances, each with mcp_serializer
+// in front of its own upstream, all upstreams on one shared session store,
+// and a front Caddy that spreads requests over the instances by a hash of
+// Mcp-Session-Id.
+type clusterOptions struct {
+	Instances int // default 3
+	// State is the mcp_serializer `state` line or block ("" for none),
+	// e.g. "state redis {\n\taddress 127.0.0.1:6379\n}".
+	State string
+	// Global holds extra global options for every instance, e.g.
+	// "storage file_system /shared/dir".
+	Global string
+	// Stub puts the Go stand-in (demo-backend with -store-dir) behind each
+	// instance instead of PHP-FPM.
+	Stub bool
+	// PHPWorkers is the size of each instance's PHP-FPM pool (default 4).
+	PHPWorkers int
+	// Front holds extra lines for the front's reverse_proxy block (health
+	// checks, lb_try_duration).
+	Front string
+}
+
+// cluster is a running set of instances behind a front.
+type cluster struct {
+	Front     string // the front's base URL; clients use Front + "/mcp"
+	Instances []*caddyInstance
+	fpms      []*phpFPM
+}
+
+// caddyInstance is one Caddy process on fixed loopback ports, so that it can
+// be killed and started again where the front expects it.
+type caddyInstance struct {
+	Name  string
+	URL   string // base URL
+	Port  int
+	Admin int
+	dir   string
+	conf  string
+	log   string
+	proc  *process
+}
+
+// startCluster starts the upstreams, the instances and the front.
+func startCluster(t *testing.T, opts clusterOptions) *cluster {
+	t.Helper()
+	if opts.Instances == 0 {
+		opts.Instances = 3
+	}
+	if opts.PHPWorkers == 0 {
+		opts.PHPWorkers = 4
+	}
+	c := &cluster{}
+	var upstreams []string // the Caddyfile lines that serve MCP on each instance
+	if opts.Stub {
+		storeDir := t.TempDir()
+		for i := 0; i < opts.Instances; i++ {
+			addr := startStub(t, storeDir, i)
+			upstreams = append(upstreams, fmt.Sprintf("\t\treverse_proxy %s {\n\t\t\tflush_interval -1\n\t\t}\n", addr))
+		}
+	} else {
+		store := sharedPHPStore(t)
+		for i := 0; i < opts.Instances; i++ {
+			fpm := startPHPFPM(t, phpFPMOptions{Workers: opts.PHPWorkers, Store: store})
+			c.fpms = append(c.fpms, fpm)
+			upstreams = append(upstreams, "\t"+strings.ReplaceAll(fpm.fastcgiDirectives(), "\n\t", "\n\t\t"))
+		}
+	}
+
+	serializer := "\t\tmcp_serializer {\n\t\t\tget_stream reject\n\t\t\tinit_timeout 10s\n\t\t\tqueue_timeout 30s\n"
+	if opts.State != "" {
+		serializer += "\t\t\t" + strings.ReplaceAll(strings.TrimSpace(opts.State), "\n", "\n\t\t\t") + "\n"
+	}
+	serializer += "\t\t}\n"
+
+	var dials []string
+	for i := 0; i < opts.Instances; i++ {
+		in := newCaddyInstance(t, fmt.Sprintf("instance-%c", 'a'+i), opts.Global, `	handle /healthz {
+		respond "ok" 200
+	}
+	handle {
+`+serializer+upstreams[i]+`	}
+`)
+		in.start(t)
+		c.Instances = append(c.Instances, in)
+		dials = append(dials, "127.0.0.1:"+strconv.Itoa(in.Port))
+	}
+
+	front := "\treverse_proxy " + strings.Join(dials, " ") + " {\n" +
+		"\t\t# initialize carries no session id and lands on any instance;\n" +
+		"\t\t# every later request of the session on the one its id hashes to.\n" +
+		"\t\tlb_policy header Mcp-Session-Id\n" +
+		"\t\tflush_interval -1\n"
+	if opts.Front != "" {
+		front += "\t\t" + strings.ReplaceAll(strings.TrimSpace(opts.Front), "\n", "\n\t\t") + "\n"
+	}
+	front += "\t}\n"
+	c.Front = startCaddy(t, caddySite(front))
+	return c
+}
+
+// sharedPHPStore creates one SQLite session store for several PHP-FPM pools.
+func sharedPHPStore(t testing.TB) string {
+	t.Helper()
+	f := &phpFPM{
+		PublicDir: filepath.Join(repoRoot(t), "integration", "php", "public"),
+		Dir:       t.TempDir(),
+	}
+	f.Store = filepath.Join(f.Dir, "sessions.sqlite")
+	initStore(t, phpFPMBinary(t), f)
+	return f.Store
+}
+
+// newCaddyInstance writes a Caddyfile with one site holding the directives
+// on ports of its own; start runs it.
+func newCaddyInstance(t testing.TB, name, global, directives string) *caddyInstance {
+	t.Helper()
+	dir := t.TempDir()
+	in := &caddyInstance{Name: name, Port: freePort(t), Admin: freePort(t), dir: dir}
+	in.URL = "http://127.0.0.1:" + strconv.Itoa(in.Port)
+	in.conf = filepath.Join(dir, "Caddyfile")
+	in.log = filepath.Join(dir, "caddy.log")
+	caddyfile := caddySite(directives)
+	if global != "" {
+		caddyfile = strings.Replace(caddyfile, "\tgrace_period 2s\n", "\tgrace_period 2s\n\t"+strings.ReplaceAll(strings.TrimSpace(global), "\n", "\n\t")+"\n", 1)
+	}
+	if err := os.WriteFile(in.conf, []byte(caddyfile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dumpOnFailure(t, name, in.conf, in.log)
+	return in
+}
+
+// start runs `caddy run` on the instance's Caddyfile and waits until it
+// serves. It can be called again after kill: same ports, same config, an
+// empty memory.
+func (in *caddyInstance) start(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command(caddyBinary(t), "run", "--config", in.conf, "--adapter", "caddyfile")
+	cmd.Dir = in.dir
+	cmd.Env = append(os.Environ(),
+		"MCP_TEST_PORT="+strconv.Itoa(in.Port),
+		"MCP_TEST_ADMIN=127.0.0.1:"+strconv.Itoa(in.Admin),
+		"HOME="+in.dir,
+		"XDG_CONFIG_HOME="+filepath.Join(in.dir, "config"),
+		"XDG_DATA_HOME="+filepath.Join(in.dir, "data"),
+	)
+	in.proc = startProcess(t, in.Name, cmd, in.log, syscall.SIGINT, 10*time.Second)
+	client := &http.Client{Timeout: 2 * time.Second}
+	adminURL := "http://127.0.0.1:" + strconv.Itoa(in.Admin) + "/config/"
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if !in.proc.running() {
+			t.Fatalf("%s exited during startup: %v\n%s", in.Name, in.proc.err, tailFile(in.log, 8000))
+		}
+		if caddyReady(client, adminURL, "127.0.0.1:"+strconv.Itoa(in.Port)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not answer on %s within 30s\n%s", in.Name, in.URL, tailFile(in.log, 8000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// kill ends the instance at once (SIGKILL): no graceful shutdown, its
+// in-memory session table is gone.
+func (in *caddyInstance) kill(t testing.TB) {
+	t.Helper()
+	in.proc.stop(t, syscall.SIGKILL, 5*time.Second)
+}
+
+// metrics returns the sum of every sample of a metric on the instance's
+// admin endpoint, by label set ("" when it has none).
+func (in *caddyInstance) metrics(t testing.TB, name string) map[string]float64 {
+	t.Helper()
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(in.Admin) + "/metrics")
+	if err != nil {
+		t.Fatalf("%s metrics: %v", in.Name, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s metrics: %v", in.Name, err)
+	}
+	out := map[string]float64{}
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? (\S+)$`)
+	for _, m := range re.FindAllStringSubmatch(string(body), -1) {
+		v, err := strconv.ParseFloat(m[2], 64)
+		if err == nil {
+			out[m[1]] += v
+		}
+	}
+	return out
+}
+
+// stateErrors sums caddy_mcp_serializer_state_errors_total over the
+// instances that are running, by label set.
+func (c *cluster) stateErrors(t testing.TB) map[string]float64 {
+	t.Helper()
+	total := map[string]float64{}
+	for _, in := range c.Instances {
+		if !in.proc.running() {
+			continue
+		}
+		for labels, v := range in.metrics(t, "caddy_mcp_serializer_state_errors_total") {
+			total[labels] += v
+		}
+	}
+	return total
+}
+
+// logSummary is the PHP error logs' summary, per pool.
+func (c *cluster) logSummary() string {
+	var b strings.Builder
+	for i, f := range c.fpms {
+		fmt.Fprintf(&b, "\n pool %d: %s", i, f.logSummary())
+	}
+	if b.Len() == 0 {
+		return "(no PHP pools)"
+	}
+	return b.String()
+}
+
+var (
+	demoOnce  sync.Once
+	demoBuilt string
+	demoErr   error
+)
+
+// demoBackendBinary returns the stand-in MCP server: $MCP_SERIALIZER_DEMO_BACKEND
+// when set (the Makefile exports bin/demo-backend), else one built with
+// `go build`, once per test binary.
+func demoBackendBinary(t testing.TB) string {
+	t.Helper()
+	if path := os.Getenv("MCP_SERIALIZER_DEMO_BACKEND"); path != "" {
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(repoRoot(t), path)
+		}
+		if _, err := os.Stat(path); err != nil {
+			t.Fatalf("MCP_SERIALIZER_DEMO_BACKEND=%s: %v (build it with `make bin/demo-backend`)", path, err)
+		}
+		return path
+	}
+	demoOnce.Do(func() {
+		root, err := findRepoRoot()
+		if err != nil {
+			demoErr = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "mcp-demo-backend-")
+		if err != nil {
+			demoErr = err
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		out := filepath.Join(dir, "demo-backend")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./examples/demo-backend")
+		cmd.Dir = root
+		if msg, err := cmd.CombinedOutput(); err != nil {
+			demoErr = fmt.Errorf("go build ./examples/demo-backend: %w\n%s", err, msg)
+			return
+		}
+		demoBuilt = out
+	})
+	if demoErr != nil {
+		t.Fatalf("building the demo backend: %v", demoErr)
+	}
+	return demoBuilt
+}
+
+// startStub runs the stand-in MCP server on a free loopback port with its
+// sessions in storeDir, shared by every stub given the same directory.
+func startStub(t testing.TB, storeDir string, i int) string {
+	t.Helper()
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	logPath := filepath.Join(t.TempDir(), fmt.Sprintf("stub-%d.log", i))
+	dumpOnFailure(t, "stub", logPath)
+	cmd := exec.Command(demoBackendBinary(t), "-listen", addr, "-store-dir", storeDir, "-work-min", "1ms", "-work-max", "5ms")
+	p := startProcess(t, "demo-backend "+addr, cmd, logPath, syscall.SIGTERM, 5*time.Second)
+	waitTCP(t, p, addr, logPath)
+	return addr
+}
+
+// requireModule fails the test when the Caddy binary lacks a module.
+func requireModule(t testing.TB, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, caddyBinary(t), "list-modules").Output()
+	if err != nil {
+		t.Fatalf("caddy list-modules: %v", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.TrimSpace(line) == id {
+			return
+		}
+	}
+	t.Fatalf("the Caddy binary %s has no module %s (rebuild it with `make caddy`)", caddyBinary(t), id)
+}

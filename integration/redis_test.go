@@ -1,0 +1,145 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const redisInstallHint = "install Redis: apt-get install -y redis-server (or run make deps)"
+
+// redisServer is a redis-server the test started on a loopback port, with
+// no persistence: a restart starts empty, as a crashed cache does.
+type redisServer struct {
+	Addr string // 127.0.0.1:port, for `state redis { address … }`
+	bin  string
+	dir  string
+	log  string
+	proc *process
+}
+
+// startRedis runs redis-server in the foreground on a free loopback port.
+// It is stopped at the end of the test, and its log is shown if the test
+// failed.
+func startRedis(t testing.TB) *redisServer {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if _, statErr := os.Stat("/usr/bin/redis-server"); statErr != nil {
+			t.Fatalf("redis-server not found (%v): %s", err, redisInstallHint)
+		}
+		bin = "/usr/bin/redis-server"
+	}
+	dir := t.TempDir()
+	r := &redisServer{
+		Addr: "127.0.0.1:" + strconv.Itoa(freePort(t)),
+		bin:  bin,
+		dir:  dir,
+		log:  filepath.Join(dir, "redis.log"),
+	}
+	dumpOnFailure(t, "redis", r.log)
+	r.start(t)
+	return r
+}
+
+// start runs the server (again) on its address.
+func (r *redisServer) start(t testing.TB) {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(r.Addr)
+	cmd := exec.Command(r.bin,
+		"--bind", "127.0.0.1", "--port", port,
+		"--save", "", "--appendonly", "no",
+		"--dir", r.dir, "--daemonize", "no", "--protected-mode", "yes",
+	)
+	cmd.Dir = r.dir
+	r.proc = startProcess(t, "redis-server", cmd, r.log, syscall.SIGTERM, 5*time.Second)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if !r.proc.running() {
+			t.Fatalf("redis-server exited during startup: %v\n%s", r.proc.err, tailFile(r.log, 4000))
+		}
+		if reply, err := redisCommand(r.Addr, "PING"); err == nil && reply == "PONG" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server did not answer PING on %s within 20s\n%s", r.Addr, tailFile(r.log, 4000))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// kill ends the server at once (SIGKILL), as a crash does; its records are
+// gone.
+func (r *redisServer) kill(t testing.TB) {
+	t.Helper()
+	r.proc.stop(t, syscall.SIGKILL, 5*time.Second)
+}
+
+// keys returns the number of keys in database 0.
+func (r *redisServer) keys(t testing.TB) int {
+	t.Helper()
+	reply, err := redisCommand(r.Addr, "DBSIZE")
+	if err != nil {
+		t.Fatalf("redis DBSIZE: %v", err)
+	}
+	n, err := strconv.Atoi(reply)
+	if err != nil {
+		t.Fatalf("redis DBSIZE answered %q", reply)
+	}
+	return n
+}
+
+// redisCommand sends one command in RESP and returns a simple, integer or
+// bulk reply as text; enough for PING, DBSIZE and INFO without a client
+// library.
+func redisCommand(addr string, args ...string) (string, error) {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := conn.Write([]byte(b.String())); err != nil {
+		return "", err
+	}
+	rd := bufio.NewReader(conn)
+	line, err := rd.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	if line == "" {
+		return "", fmt.Errorf("empty reply")
+	}
+	switch line[0] {
+	case '+', ':':
+		return line[1:], nil
+	case '-':
+		return "", fmt.Errorf("redis: %s", line[1:])
+	case '$':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return "", fmt.Errorf("bulk reply %q", line)
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(rd, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+	return "", fmt.Errorf("unexpected reply %q", line)
+}
