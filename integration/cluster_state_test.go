@@ -4,7 +4,6 @@ import (
 	"os"
 	"strconv"
 	"testing"
-	"time"
 )
 
 // clusterN is the number of pipelined connects for a cluster run: n, or
@@ -27,21 +26,26 @@ func clusterN(t *testing.T, n int) int {
 // and logs what it counted.
 func runPipeline(t *testing.T, c *cluster, label string, n int) pipelineResult {
 	t.Helper()
-	var res pipelineResult
 	// --get open: the instances answer the SDK's GET with 405
 	// (get_stream reject), so no GET stream pins a PHP worker.
-	runClient(t, 15*time.Minute, &res, "pipeline", "--url", c.Front+"/mcp", "--n", strconv.Itoa(n), "--concurrency", "8", "--get", "open")
+	res := runPipelineResult(t, c, n)
+	logRun(t, c, label, res)
+	return res
+}
+
+// logRun logs a run's failure rate and counts.
+func logRun(t *testing.T, c *cluster, label string, res pipelineResult) {
+	t.Helper()
 	rate := 0.0
 	if res.N > 0 {
 		rate = 100 * float64(res.FailedSessions) / float64(res.N)
 	}
 	t.Logf("%s: %d pipelined connects through the front to %d instances: %.1f%% with failures; %s",
-		label, n, len(c.Instances), rate, res.summary())
+		label, res.N, len(c.Instances), rate, res.summary())
 	logSamples(t, res.Samples)
 	if res.Error != "" {
 		t.Fatalf("client error: %s", res.Error)
 	}
-	return res
 }
 
 // wantNoFailure fails the test unless every connect succeeded cleanly.
@@ -98,4 +102,56 @@ func TestClusterWithoutStateLetsPipelinedConnectsFailStub(t *testing.T) {
 	if res.Rejections == 0 && res.Broken == 0 {
 		t.Fatalf("expected rejected or broken sessions with the gate on the wrong instance, got none: %s", res.summary())
 	}
+}
+
+const (
+	redisStateModule   = "http.handlers.mcp_serializer.state.redis"
+	storageStateModule = "http.handlers.mcp_serializer.state.storage"
+)
+
+// redisState is the minimal `state redis` block for a test's redis-server.
+func redisState(r *redisServer) string {
+	return "state redis {\n\taddress " + r.Addr + "\n}"
+}
+
+// With the session state in Redis, the instance that gets the follow-ups
+// finds the record the creating instance wrote and gates the session: no
+// pipelined connect fails.
+func TestClusterStateRedisHoldsTheGate(t *testing.T) {
+	prerequisites(t)
+	requireModule(t, redisStateModule)
+	redis := startRedis(t)
+	c := startCluster(t, clusterOptions{State: redisState(redis)})
+	res := runPipeline(t, c, "state redis", clusterN(t, 1000))
+	t.Logf("PHP error logs: %s", c.logSummary())
+	t.Logf("state errors: %v; redis keys left after every session's DELETE: %d", c.stateErrors(t), redis.keys(t))
+	wantNoFailure(t, res)
+}
+
+// With the session state in Caddy's storage (file_system in one directory
+// shared by the instances), the same.
+func TestClusterStateStorageHoldsTheGate(t *testing.T) {
+	prerequisites(t)
+	requireModule(t, storageStateModule)
+	c := startCluster(t, clusterOptions{State: "state storage", Global: "storage file_system " + t.TempDir()})
+	res := runPipeline(t, c, "state storage", clusterN(t, 300))
+	t.Logf("PHP error logs: %s", c.logSummary())
+	t.Logf("state errors: %v", c.stateErrors(t))
+	wantNoFailure(t, res)
+}
+
+// The two engines with the Go stand-in as the upstream.
+func TestClusterStateHoldsTheGateStub(t *testing.T) {
+	prerequisites(t)
+	t.Run("redis", func(t *testing.T) {
+		requireModule(t, redisStateModule)
+		redis := startRedis(t)
+		c := startCluster(t, clusterOptions{Stub: true, State: redisState(redis)})
+		wantNoFailure(t, runPipeline(t, c, "state redis, stub", clusterN(t, 300)))
+	})
+	t.Run("storage", func(t *testing.T) {
+		requireModule(t, storageStateModule)
+		c := startCluster(t, clusterOptions{Stub: true, State: "state storage", Global: "storage file_system " + t.TempDir()})
+		wantNoFailure(t, runPipeline(t, c, "state storage, stub", clusterN(t, 300)))
+	})
 }

@@ -1,0 +1,244 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// pipelineInBackground starts the SDK client's pipelined connects through
+// the front; wait returns its result.
+func pipelineInBackground(t *testing.T, c *cluster, label string, n int) (wait func() pipelineResult, done <-chan struct{}) {
+	t.Helper()
+	finished := make(chan struct{})
+	var res pipelineResult
+	go func() {
+		defer close(finished) // also when runClient fails the test
+		res = runPipelineResult(t, c, n)
+	}()
+	return func() pipelineResult {
+		t.Helper()
+		select {
+		case <-finished:
+		case <-time.After(16 * time.Minute):
+			t.Fatalf("%s: the client did not finish within 16 minutes", label)
+		}
+		if t.Failed() {
+			t.FailNow()
+		}
+		logRun(t, c, label, res)
+		return res
+	}, finished
+}
+
+// runPipelineResult runs the client without logging its summary.
+func runPipelineResult(t *testing.T, c *cluster, n int) pipelineResult {
+	var res pipelineResult
+	runClient(t, 15*time.Minute, &res, "pipeline", "--url", c.Front+"/mcp", "--n", strconv.Itoa(n), "--concurrency", "8", "--get", "open")
+	return res
+}
+
+// sleepUnlessDone waits d, failing the test if the run ends before: the
+// fault must hit a run in progress.
+func sleepUnlessDone(t *testing.T, d time.Duration, done <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-done:
+		t.Fatalf("the run ended before %s; raise MCP_SERIALIZER_CLUSTER_N", what)
+	case <-time.After(d):
+	}
+}
+
+// wantOnlyClearErrors fails the test when a connect hung or got a reply
+// meant for another request: every failure must be an HTTP error status or
+// a JSON-RPC error, answered within the bounds.
+func wantOnlyClearErrors(t *testing.T, res pipelineResult) {
+	t.Helper()
+	if res.Connects+res.FailedConnects != res.N {
+		t.Errorf("%d connects succeeded and %d failed, of %d: some never ended", res.Connects, res.FailedConnects, res.N)
+	}
+	if res.Timeouts != 0 {
+		t.Errorf("%d replies never came (stuck for 20 s)", res.Timeouts)
+	}
+	if res.IDMismatches != 0 || res.UnexpectedReplies != 0 {
+		t.Errorf("replies not matching their requests: %d id mismatches, %d unexpected replies", res.IDMismatches, res.UnexpectedReplies)
+	}
+}
+
+// One instance killed (SIGKILL) in the middle of a run: the connects in
+// flight on it get an error status from the front, nothing hangs, the
+// front moves the dead instance's sessions to the others, which recover
+// them from Redis, and the two left serve new sessions without failure.
+func TestClusterInstanceKilledMidRun(t *testing.T) {
+	prerequisites(t)
+	requireModule(t, redisStateModule)
+	redis := startRedis(t)
+	c := startCluster(t, clusterOptions{State: redisState(redis), Front: `
+lb_try_duration 5s
+lb_try_interval 100ms
+fail_duration 10s
+health_uri /healthz
+health_interval 500ms
+health_timeout 1s`})
+
+	n := clusterN(t, 300)
+	wait, done := pipelineInBackground(t, c, "instance killed mid-run", n)
+	sleepUnlessDone(t, 5*time.Second, done, "the kill")
+	victim := c.Instances[1]
+	victim.kill(t)
+	t.Logf("killed %s", victim.Name)
+	res := wait()
+	wantOnlyClearErrors(t, res)
+	// At most the connects in flight at the kill (8) are hit, each through
+	// one request or two; allow twice that for the health check's lag.
+	if res.FailedSessions > 16 {
+		t.Errorf("%d connects failed, want at most 16 (the ones in flight on the killed instance)", res.FailedSessions)
+	}
+
+	after := runPipeline(t, c, "after the kill, two instances left", clusterN(t, 100))
+	wantNoFailure(t, after)
+}
+
+// Redis killed and started again (empty) in the middle of a run: every
+// request is still served, none waits past the bounds, initialize never
+// fails for it, the outage is counted in caddy_mcp_serializer_state_errors_total,
+// and once Redis is back the gate holds again.
+func TestClusterRedisRestartedMidRun(t *testing.T) {
+	prerequisites(t)
+	requireModule(t, redisStateModule)
+	redis := startRedis(t)
+	c := startCluster(t, clusterOptions{State: redisState(redis)})
+
+	n := clusterN(t, 300)
+	wait, done := pipelineInBackground(t, c, "redis restarted mid-run", n)
+	sleepUnlessDone(t, 4*time.Second, done, "stopping Redis")
+	redis.kill(t)
+	t.Logf("redis killed")
+	sleepUnlessDone(t, 4*time.Second, done, "restarting Redis")
+	redis.start(t)
+	t.Logf("redis restarted")
+	res := wait()
+	errs := c.stateErrors(t)
+	t.Logf("state errors by operation: %v", errs)
+	wantOnlyClearErrors(t, res)
+	if res.Connects != res.N {
+		t.Errorf("initialize failed %d times: a failed write at creation must not fail it", res.N-res.Connects)
+	}
+	if res.HTTPErrorCount != 0 {
+		t.Errorf("HTTP errors during the outage: %v, want none (fall back to local behaviour)", res.HTTPErrors)
+	}
+	total := 0.0
+	for _, v := range errs {
+		total += v
+	}
+	if total == 0 {
+		t.Errorf("caddy_mcp_serializer_state_errors_total stayed 0 through a Redis outage")
+	}
+
+	after := runPipeline(t, c, "after Redis came back", clusterN(t, 100))
+	wantNoFailure(t, after)
+}
+
+// An instance restarted (a new process, not a reload) between a session's
+// initialize on another instance and its follow-ups still gates it: a
+// logging/setLevel sent before notifications/initialized waits for it
+// instead of reaching PHP first and being rejected as not initialized.
+func TestClusterRestartedInstanceKeepsSessionGated(t *testing.T) {
+	prerequisites(t)
+	for _, engine := range []string{"redis", "storage"} {
+		t.Run(engine, func(t *testing.T) {
+			opts := clusterOptions{Instances: 2, PHPWorkers: 2}
+			if engine == "redis" {
+				requireModule(t, redisStateModule)
+				opts.State = redisState(startRedis(t))
+			} else {
+				requireModule(t, storageStateModule)
+				opts.State = "state storage"
+				opts.Global = "storage file_system " + t.TempDir()
+			}
+			c := startCluster(t, opts)
+			a, b := c.Instances[0], c.Instances[1]
+			client := &http.Client{Timeout: 30 * time.Second}
+
+			resp, body := post(t, client, a.URL+"/mcp", "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"go-test","version":"1"}}}`)
+			session := resp.Header.Get("Mcp-Session-Id")
+			if resp.StatusCode != http.StatusOK || session == "" {
+				t.Fatalf("initialize on %s: status %d, session id present %v, body %s", a.Name, resp.StatusCode, session != "", body)
+			}
+
+			b.kill(t)
+			b.start(t)
+			t.Logf("%s restarted after the session was created on %s", b.Name, a.Name)
+
+			type reply struct {
+				status int
+				body   []byte
+				at     time.Time
+			}
+			setLevel := make(chan reply, 1)
+			go func() {
+				r, data, err := postNoFatal(client, b.URL+"/mcp", session, `{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"debug"}}`)
+				if err != nil {
+					data = []byte(err.Error())
+				}
+				setLevel <- reply{status: r, body: data, at: time.Now()}
+			}()
+			// Give setLevel the lead it has in a pipelined connect.
+			time.Sleep(500 * time.Millisecond)
+			initializedAt := time.Now()
+			resp, body = post(t, client, b.URL+"/mcp", session, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+			if resp.StatusCode != http.StatusAccepted {
+				t.Fatalf("notifications/initialized on %s: status %d, body %s", b.Name, resp.StatusCode, body)
+			}
+			var got reply
+			select {
+			case got = <-setLevel:
+			case <-time.After(40 * time.Second):
+				t.Fatalf("logging/setLevel not answered within 40s")
+			}
+			t.Logf("logging/setLevel answered %d %s, %v after initialized was sent", got.status, strings.TrimSpace(string(got.body)), got.at.Sub(initializedAt).Round(time.Millisecond))
+			var msg struct {
+				Result json.RawMessage `json:"result"`
+				Error  *struct {
+					Code    int    `json:"code"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if got.status != http.StatusOK || json.Unmarshal(got.body, &msg) != nil {
+				t.Fatalf("logging/setLevel: status %d, body %s", got.status, got.body)
+			}
+			if msg.Error != nil {
+				t.Fatalf("logging/setLevel reached PHP before notifications/initialized: error %d %s (the restarted instance did not gate the session)", msg.Error.Code, msg.Error.Message)
+			}
+			if got.at.Before(initializedAt) {
+				t.Fatalf("logging/setLevel was answered before notifications/initialized was sent")
+			}
+		})
+	}
+}
+
+// postNoFatal sends one JSON-RPC POST from any goroutine.
+func postNoFatal(client *http.Client, url, session, body string) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", session)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	_, err = io.Copy(&b, resp.Body)
+	return resp.StatusCode, []byte(b.String()), err
+}
