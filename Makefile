@@ -19,7 +19,7 @@ DEMO         := $(BIN)/demo-backend
 CLIENT_DEPS  := integration/client/node_modules/.package-lock.json
 DEMO_LISTEN  := 127.0.0.1:9081
 
-.PHONY: run test deps lint fuzz bench caddy clean
+.PHONY: run cluster test deps lint fuzz bench caddy clean
 
 $(XCADDY):
 	GOBIN=$(BIN) go install github.com/caddyserver/xcaddy/cmd/xcaddy@$(XCADDY_VERSION)
@@ -45,6 +45,12 @@ run: $(CADDY) $(DEMO)
 	echo "  compare: bin/caddy mcp-probe --url http://$(DEMO_LISTEN)/mcp --compare http://localhost:8080/mcp"; \
 	echo; \
 	$(CADDY) run --config xcaddy.Caddyfile --adapter caddyfile
+
+# Redis, three demo backends on one session store, three Caddy instances
+# with mcp_serializer and `state redis`, and a front hashing Mcp-Session-Id,
+# all on loopback (examples/cluster).
+cluster: $(CADDY) $(DEMO)
+	CADDY=$(CADDY) DEMO_BACKEND=$(DEMO) examples/cluster/run
 
 # PHP-FPM, pdo_sqlite, Node.js >= 20 and redis-server, installed with
 # apt-get when missing (or the command to run is printed).

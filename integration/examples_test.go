@@ -42,6 +42,31 @@ func TestExampleCaddyfilesAdapt(t *testing.T) {
 	}
 }
 
+// The cluster example's Caddyfiles adapt: each instance runs mcp_serializer
+// with the shared state in Redis before its reverse_proxy, and the front
+// hashes Mcp-Session-Id over the instances.
+func TestClusterExampleCaddyfilesAdapt(t *testing.T) {
+	dir := filepath.Join(repoRoot(t), "examples", "cluster")
+	instance := caddyAdapt(t, filepath.Join(dir, "instance.Caddyfile"))
+	serializer := strings.Index(instance, `"handler":"mcp_serializer"`)
+	upstream := strings.Index(instance, `"handler":"reverse_proxy"`)
+	if serializer < 0 || upstream < 0 || serializer > upstream {
+		t.Errorf("instance.Caddyfile: want mcp_serializer before reverse_proxy:\n%s", instance)
+	}
+	if !strings.Contains(instance, `"module":"redis"`) || !strings.Contains(instance, `"127.0.0.1:6379"`) {
+		t.Errorf("instance.Caddyfile: want state redis on 127.0.0.1:6379 by default:\n%s", instance)
+	}
+	front := caddyAdapt(t, filepath.Join(dir, "front.Caddyfile"))
+	for _, want := range []string{`"policy":"header"`, `"field":"Mcp-Session-Id"`, `"flush_interval":-1`, `"dial":"127.0.0.1:8083"`} {
+		if !strings.Contains(front, want) {
+			t.Errorf("front.Caddyfile: adapted config lacks %s:\n%s", want, front)
+		}
+	}
+	if strings.Contains(front, "mcp_serializer") {
+		t.Errorf("front.Caddyfile: the front needs no mcp_serializer:\n%s", front)
+	}
+}
+
 // The reverse-proxy example, run as written in front of four replicas of the
 // PHP backend (PHP's built-in server, two workers each) that share one
 // session store: pipelined connects see no failure.
