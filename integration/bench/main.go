@@ -17,7 +17,12 @@
 //     Mcp-Session-Id, as MCP 2026-07-28 clients send them;
 //   - one session with -depth requests in flight against an upstream with a
 //     fixed service time: the module runs them one at a time, and the time
-//     per request beyond the upstream's own is the handoff cost.
+//     per request beyond the upstream's own is the handoff cost;
+//   - state: two more Caddys, C and D, like B plus `state redis` on a
+//     redis-server of its own: initialize one at a time through B and C
+//     (the creation write), a session's first request on D after C
+//     created it (the first-sight lookup), and session throughput A vs C
+//     beside A vs B.
 //
 // It reads the CPU time of every process from /proc during each round: a
 // pair of rounds during which processes outside the benchmark used more
@@ -60,26 +65,28 @@ import (
 )
 
 type options struct {
-	caddy       string
-	concurrency int
-	perSession  int
-	pairs       int
-	round       time.Duration
-	warmup      time.Duration
-	paceShare   float64
-	depth       int
-	serviceTime time.Duration
-	pipeRounds  int
-	pipeRound   time.Duration
-	memSessions int
-	profileDir  string
-	keep        bool
-	maxForeign  float64
-	retries     int
-	phases      string
-	verbose     bool
-	control     bool
-	pin         bool
+	caddy        string
+	concurrency  int
+	perSession   int
+	pairs        int
+	round        time.Duration
+	warmup       time.Duration
+	paceShare    float64
+	depth        int
+	serviceTime  time.Duration
+	pipeRounds   int
+	pipeRound    time.Duration
+	memSessions  int
+	profileDir   string
+	keep         bool
+	maxForeign   float64
+	retries      int
+	phases       string
+	statePairs   int
+	stateSamples int
+	verbose      bool
+	control      bool
+	pin          bool
 }
 
 func main() {
@@ -107,7 +114,9 @@ func main() {
 	flag.BoolVar(&o.control, "control", false, "check the method: run B without mcp_serializer too (B/A should come out 1)")
 	flag.BoolVar(&o.pin, "pin", runtime.NumCPU() >= 2, "load generator and upstream on one CPU, both Caddys on another")
 	flag.BoolVar(&o.keep, "keep", false, "keep the working directory (Caddyfiles, logs)")
-	flag.StringVar(&o.phases, "phases", "memory,handler,session,sessionless,latency,pipeline", "phases to run")
+	flag.StringVar(&o.phases, "phases", "memory,handler,session,sessionless,latency,pipeline,state", "phases to run")
+	flag.IntVar(&o.statePairs, "state-pairs", 40, "state phase: pairs of session rounds with state redis (and without, unless the session phase ran)")
+	flag.IntVar(&o.stateSamples, "state-samples", 500, "state phase: sequential samples of the creation write and the first-sight lookup")
 	flag.Parse()
 	// Importing caddy sends the standard logger to zap; take it back.
 	log.SetOutput(os.Stderr)
@@ -138,6 +147,7 @@ type report struct {
 	pipeB, pipeA1, pipeB1 []pipelineResult
 	svcB, svcA1, svcB1    []serviceStats
 	queue                 []queueResult
+	state                 *stateResult // the state phase, with redis-server
 	errors                int
 	dropped               int // pairs left out because other processes were busy
 	disturbedKept         int // pairs kept although other processes were busy (retries used up)
@@ -180,7 +190,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 
-	if !o.has("session") && !o.has("sessionless") && !o.has("latency") && !o.has("pipeline") {
+	if !o.has("session") && !o.has("sessionless") && !o.has("latency") && !o.has("pipeline") && !o.has("state") {
 		r.print(os.Stdout, time.Since(started))
 		return nil
 	}
@@ -275,6 +285,11 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.has("pipeline") && ctx.Err() == nil {
 		if err := r.pipelines(ctx, targets, client, up); err != nil {
+			return err
+		}
+	}
+	if o.has("state") && ctx.Err() == nil {
+		if err := r.statePhase(ctx, bin, dir, up, base, targets, caddyCPU, loadCPU); err != nil {
 			return err
 		}
 	}

@@ -161,9 +161,9 @@ type caddyProc struct {
 	adminURL string // "" unless profiling
 }
 
-// caddyfile returns the configuration of one Caddy. The two differ only in
-// the mcp_serializer line and their ports.
-func caddyfile(serializer bool, fastPort, slowPort, adminPort int, up upstreamAddrs) string {
+// caddyfile returns the configuration of one Caddy. They differ only in
+// the mcp_serializer directive ("" for none) and their ports.
+func caddyfile(serializer string, fastPort, slowPort, adminPort int, up upstreamAddrs) string {
 	var b strings.Builder
 	b.WriteString("{\n")
 	if adminPort > 0 {
@@ -177,17 +177,24 @@ func caddyfile(serializer bool, fastPort, slowPort, adminPort int, up upstreamAd
 		upstream string
 	}{{fastPort, up.Fast}, {slowPort, up.Slow}} {
 		fmt.Fprintf(&b, "\nhttp://:%d {\n\tbind 127.0.0.1\n", site.port)
-		if serializer {
-			b.WriteString("\tmcp_serializer\n")
-		}
+		b.WriteString(serializer)
 		fmt.Fprintf(&b, "\treverse_proxy %s {\n\t\tflush_interval -1\n\t}\n}\n", site.upstream)
 	}
 	return b.String()
 }
 
-// startCaddy writes the Caddyfile and runs Caddy on it until its sites
-// answer.
+// startCaddy writes the Caddyfile, with a plain mcp_serializer line or
+// without, and runs Caddy on it until its sites answer.
 func startCaddy(ctx context.Context, bin, dir, label string, serializer, profile bool, up upstreamAddrs) (*caddyProc, error) {
+	directive := ""
+	if serializer {
+		directive = "\tmcp_serializer\n"
+	}
+	return startCaddyWith(ctx, bin, dir, label, directive, profile, up)
+}
+
+// startCaddyWith is startCaddy with the mcp_serializer directive given.
+func startCaddyWith(ctx context.Context, bin, dir, label, serializer string, profile bool, up upstreamAddrs) (*caddyProc, error) {
 	ports, err := freePorts(3)
 	if err != nil {
 		return nil, err

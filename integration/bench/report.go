@@ -150,6 +150,7 @@ func (r *report) print(w io.Writer, elapsed time.Duration) {
 		row(fmt.Sprintf("module's own CPU per request, in-process, %s (µs)", c.name), "", f1(us(c.added())), "", "")
 		row("  allocations added (count / bytes)", "", fmt.Sprintf("%d / %d", c.allocs, c.bytes), "", "")
 	}
+	rows = append(rows, r.state.rows()...)
 	// The figure column is left-aligned, the numbers right-aligned.
 	width := 0
 	for _, cells := range rows {
