@@ -122,13 +122,18 @@ func (r *report) statePhase(ctx context.Context, bin, dir string, up *upstreamPr
 		steps := []func() error{
 			func() error {
 				dt, sid, err := timedPost(client, b.fast, "", bodyInitialize)
-				if err == nil && keep {
+				if err != nil {
+					return err
+				}
+				// The gate holds a DELETE too: open the session first.
+				defer func() { _ = endSession(client, b.fast, sid) }()
+				if _, _, err := timedPost(client, b.fast, sid, bodyInitialized); err != nil {
+					return err
+				}
+				if keep {
 					s.initB = append(s.initB, dt)
 				}
-				if sid != "" {
-					_ = endSession(client, b.fast, sid)
-				}
-				return err
+				return nil
 			},
 			func() error {
 				dt, sid, err := timedPost(client, c.fast, "", bodyInitialize)
