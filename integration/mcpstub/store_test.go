@@ -38,7 +38,7 @@ func TestStoreDirKeepsTheRace(t *testing.T) {
 	if sum.Connects != 100 || sum.Rejected == 0 {
 		t.Fatalf("want 100 connects with rejections, got %v", sum)
 	}
-	if sum.HTTPErrors != 0 || sum.IDMismatches != 0 || sum.Errors != 0 {
+	if sum.HTTPErrors != 0 || sum.IDMismatches != 0 || sum.TransportErrors != 0 || sum.OtherErrors != 0 {
 		t.Fatalf("unexpected failures: %v", sum)
 	}
 }
