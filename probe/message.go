@@ -1,14 +1,12 @@
 package probe
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
-	"strings"
 )
 
 // SessionHeader is the HTTP header that carries the MCP session id.
@@ -73,49 +71,25 @@ func decodeJSON(body []byte) ([]message, error) {
 // there, and one that keeps it open must not cost the probe its timeout.
 // An empty wantID reads to the end.
 func readEvents(r io.Reader, wantID string) ([]message, error) {
-	br := bufio.NewReaderSize(r, 64<<10)
+	events := NewEventReader(r)
 	var out []message
-	var data []string
-	dispatch := func() (bool, error) {
-		if len(data) == 0 {
-			return false, nil
+	for {
+		ev, err := events.Next()
+		if errors.Is(err, io.EOF) {
+			return out, nil
 		}
-		msgs, err := decodeJSON([]byte(strings.Join(data, "\n")))
-		data = data[:0]
 		if err != nil {
-			return false, fmt.Errorf("event data: %w", err)
+			return out, err
+		}
+		msgs, err := decodeJSON([]byte(ev.Data))
+		if err != nil {
+			return out, fmt.Errorf("event data: %w", err)
 		}
 		out = append(out, msgs...)
 		for _, m := range msgs {
 			if wantID != "" && m.isResponse() && m.id() == wantID {
-				return true, nil
+				return out, nil
 			}
-		}
-		return false, nil
-	}
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil && !errors.Is(err, io.EOF) {
-			return out, err
-		}
-		line = strings.TrimRight(line, "\r\n")
-		switch {
-		case line == "":
-			if done, derr := dispatch(); done || derr != nil {
-				return out, derr
-			}
-		case strings.HasPrefix(line, ":"):
-			// A comment: keep-alive.
-		default:
-			field, value, _ := strings.Cut(line, ":")
-			if field == "data" {
-				data = append(data, strings.TrimPrefix(value, " "))
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			// An event cut short by the end of the stream still counts.
-			_, derr := dispatch()
-			return out, derr
 		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/probe"
 )
 
 func TestInitializeCreatesSession(t *testing.T) {
@@ -275,7 +277,7 @@ func TestProgressEventsArriveFlushedBeforeResult(t *testing.T) {
 	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
 		t.Fatalf("Content-Type %q", ct)
 	}
-	er := NewEventReader(resp.Body)
+	er := probe.NewEventReader(resp.Body)
 	var arrived []time.Duration
 	var msgs []Message
 	for {

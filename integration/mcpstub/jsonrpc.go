@@ -8,6 +8,8 @@ import (
 	"io"
 	"mime"
 	"net/http"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/probe"
 )
 
 // SessionHeader is the HTTP header that carries the MCP session id.
@@ -140,7 +142,7 @@ func DecodeBody(contentType string, body []byte) ([]Message, error) {
 	mt, _, _ := mime.ParseMediaType(contentType)
 	if mt == "text/event-stream" {
 		var out []Message
-		er := NewEventReader(bytes.NewReader(body))
+		er := probe.NewEventReader(bytes.NewReader(body))
 		for {
 			ev, err := er.Next()
 			if err != nil {
