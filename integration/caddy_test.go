@@ -16,58 +16,76 @@ import (
 	"time"
 )
 
-var (
-	caddyOnce  sync.Once
-	caddyBuilt string
-	caddyErr   error
-)
+// caddyBin is the Caddy binary to test: $MCP_SERIALIZER_CADDY when set (the
+// Makefile exports it as bin/caddy), else the result of `make -C <repo root>
+// caddy`, built once per test binary.
+var caddyBin = &testBinary{
+	env:  "MCP_SERIALIZER_CADDY",
+	hint: "build it with `make caddy`, or unset the variable to let the tests run it",
+	build: func(ctx context.Context, root string) (string, error) {
+		if _, err := exec.LookPath("make"); err != nil {
+			return "", fmt.Errorf("make not found (apt-get install -y make), needed to build Caddy with the module: %w", err)
+		}
+		cmd := exec.CommandContext(ctx, "make", "-C", root, "caddy")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("make -C %s caddy: %w\n%s", root, err, out)
+		}
+		return filepath.Join(root, "bin", "caddy"), nil
+	},
+}
 
-// caddyBinary returns the Caddy binary to test: $MCP_SERIALIZER_CADDY when set
-// (the Makefile exports it as bin/caddy; a relative path is taken from the
-// repository root), else the result of `make -C <repo root> caddy`, built once
-// per test binary.
 func caddyBinary(t testing.TB) string {
 	t.Helper()
-	if path := os.Getenv("MCP_SERIALIZER_CADDY"); path != "" {
+	return caddyBin.path(t)
+}
+
+// testBinary is a program the tests run: the path in an environment
+// variable when set (a relative path is taken from the repository root),
+// else one built once per test binary.
+type testBinary struct {
+	env   string // the variable naming a prebuilt binary
+	hint  string // what to do when that path is wrong
+	build func(ctx context.Context, root string) (string, error)
+
+	once  sync.Once
+	built string
+	err   error
+}
+
+func (b *testBinary) path(t testing.TB) string {
+	t.Helper()
+	if path := os.Getenv(b.env); path != "" {
 		if !filepath.IsAbs(path) {
 			path = filepath.Join(repoRoot(t), path)
 		}
 		info, err := os.Stat(path)
 		if err != nil {
-			t.Fatalf("MCP_SERIALIZER_CADDY=%s: %v (build it with `make caddy`, or unset the variable to let the tests run it)", path, err)
+			t.Fatalf("%s=%s: %v (%s)", b.env, path, err, b.hint)
 		}
 		if info.IsDir() || info.Mode()&0o111 == 0 {
-			t.Fatalf("MCP_SERIALIZER_CADDY=%s is not an executable file", path)
+			t.Fatalf("%s=%s is not an executable file", b.env, path)
 		}
 		return path
 	}
-	caddyOnce.Do(func() {
+	b.once.Do(func() {
 		root, err := findRepoRoot()
 		if err != nil {
-			caddyErr = err
-			return
-		}
-		if _, err := exec.LookPath("make"); err != nil {
-			caddyErr = fmt.Errorf("make not found (apt-get install -y make), needed to build Caddy with the module: %w", err)
+			b.err = err
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "make", "-C", root, "caddy")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			caddyErr = fmt.Errorf("make -C %s caddy: %w\n%s", root, err, out)
-			return
-		}
-		caddyBuilt = filepath.Join(root, "bin", "caddy")
-		if _, err := os.Stat(caddyBuilt); err != nil {
-			caddyErr = fmt.Errorf("make caddy succeeded but %s is missing: %w", caddyBuilt, err)
+		b.built, b.err = b.build(ctx, root)
+		if b.err == nil {
+			if _, err := os.Stat(b.built); err != nil {
+				b.err = fmt.Errorf("built, but %s is missing: %w", b.built, err)
+			}
 		}
 	})
-	if caddyErr != nil {
-		t.Fatalf("building Caddy with the module: %v", caddyErr)
+	if b.err != nil {
+		t.Fatalf("building the binary %s would otherwise name: %v", b.env, b.err)
 	}
-	return caddyBuilt
+	return b.built
 }
 
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.

@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -241,52 +240,30 @@ func (c *cluster) logSummary() string {
 	return b.String()
 }
 
-var (
-	demoOnce  sync.Once
-	demoBuilt string
-	demoErr   error
-)
-
-// demoBackendBinary returns the stand-in MCP server: $MCP_SERIALIZER_DEMO_BACKEND
-// when set (the Makefile exports bin/demo-backend), else one built with
-// `go build`, once per test binary.
-func demoBackendBinary(t testing.TB) string {
-	t.Helper()
-	if path := os.Getenv("MCP_SERIALIZER_DEMO_BACKEND"); path != "" {
-		if !filepath.IsAbs(path) {
-			path = filepath.Join(repoRoot(t), path)
-		}
-		if _, err := os.Stat(path); err != nil {
-			t.Fatalf("MCP_SERIALIZER_DEMO_BACKEND=%s: %v (build it with `make bin/demo-backend`)", path, err)
-		}
-		return path
-	}
-	demoOnce.Do(func() {
-		root, err := findRepoRoot()
-		if err != nil {
-			demoErr = err
-			return
-		}
+// demoBackendBin is the stand-in MCP server: $MCP_SERIALIZER_DEMO_BACKEND when
+// set (the Makefile exports bin/demo-backend), else one built with `go
+// build`, once per test binary.
+var demoBackendBin = &testBinary{
+	env:  "MCP_SERIALIZER_DEMO_BACKEND",
+	hint: "build it with `make bin/demo-backend`",
+	build: func(ctx context.Context, root string) (string, error) {
 		dir, err := os.MkdirTemp("", "mcp-demo-backend-")
 		if err != nil {
-			demoErr = err
-			return
+			return "", err
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
 		out := filepath.Join(dir, "demo-backend")
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./examples/demo-backend")
 		cmd.Dir = root
 		if msg, err := cmd.CombinedOutput(); err != nil {
-			demoErr = fmt.Errorf("go build ./examples/demo-backend: %w\n%s", err, msg)
-			return
+			return "", fmt.Errorf("go build ./examples/demo-backend: %w\n%s", err, msg)
 		}
-		demoBuilt = out
-	})
-	if demoErr != nil {
-		t.Fatalf("building the demo backend: %v", demoErr)
-	}
-	return demoBuilt
+		return out, nil
+	},
+}
+
+func demoBackendBinary(t testing.TB) string {
+	t.Helper()
+	return demoBackendBin.path(t)
 }
 
 // startStub runs the stand-in MCP server on a free loopback port with its
