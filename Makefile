@@ -86,4 +86,5 @@ FUZZMINIMIZETIME ?= 2s
 fuzz:
 	go test ./serializer -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
 	go test ./serializer -run '^$$' -fuzz '^FuzzValid$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
-	go test ./caddymodule -run '^$$' -fuzz '^FuzzValidSessionID$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
+	go test ./serializer -run '^$$' -fuzz '^FuzzValidSessionID$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
+	go test ./caddymodule -run '^$$' -fuzz '^FuzzSessionPOST$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)

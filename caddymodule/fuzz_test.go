@@ -10,30 +10,18 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
-// referenceValidSessionID is the rule for Mcp-Session-Id values, written
-// out: 1 to 256 bytes, each visible ASCII (0x21 to 0x7E).
-func referenceValidSessionID(id string) bool {
-	if id == "" || len(id) > 256 {
-		return false
-	}
-	for _, c := range []byte(id) {
-		if c < '!' || c > '~' {
-			return false
-		}
-	}
-	return true
-}
-
-// FuzzValidSessionID checks validSessionID against the written-out rule,
-// then sends a POST with that id and an arbitrary body through the
-// handler: an invalid id is answered 400 with a JSON-RPC error and never
-// forwarded; a valid one is forwarded once with its body intact. Run it
-// with
+// FuzzSessionPOST sends a POST with an arbitrary Mcp-Session-Id and body
+// through the handler: an id serializer.ValidSessionID refuses (fuzzed
+// against the written-out rule in package serializer) is answered 400 with
+// a JSON-RPC error and never forwarded; a valid one is forwarded once with
+// its body intact. Run it with
 //
-//	go test ./caddymodule -run '^$' -fuzz '^FuzzValidSessionID$' -fuzztime 30s
-func FuzzValidSessionID(f *testing.F) {
+//	go test ./caddymodule -run '^$' -fuzz '^FuzzSessionPOST$' -fuzztime 30s
+func FuzzSessionPOST(f *testing.F) {
 	bodies := []string{
 		`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`,
 		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
@@ -56,10 +44,7 @@ func FuzzValidSessionID(f *testing.F) {
 	const maxBody = 1 << 10
 	h := newBareHandler(f, maxBody)
 	f.Fuzz(func(t *testing.T, id string, body []byte) {
-		valid := validSessionID(id)
-		if valid != referenceValidSessionID(id) {
-			t.Fatalf("validSessionID(%q) = %v, want %v", id, valid, !valid)
-		}
+		valid := serializer.ValidSessionID(id)
 
 		var calls int
 		var forwarded []byte

@@ -17,10 +17,7 @@ import (
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
-const (
-	sessionHeader   = "Mcp-Session-Id"
-	maxSessionIDLen = 256
-)
+const sessionHeader = "Mcp-Session-Id"
 
 // ServeHTTP schedules requests that carry a session id and watches
 // session-less POSTs for the response that creates a session.
@@ -35,7 +32,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		publishNoSession(r)
 		return h.serveSessionless(w, r, next)
 	}
-	if len(ids) > 1 || !validSessionID(ids[0]) {
+	if len(ids) > 1 || !serializer.ValidSessionID(ids[0]) {
 		publishNoSession(r)
 		return h.reject(w, r, "invalid_session_id", http.StatusBadRequest, codeInvalidRequest,
 			"invalid Mcp-Session-Id: want one value of 1 to 256 visible ASCII characters", nil)
@@ -56,20 +53,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.serveInTurn(w, r, next, info, traits, reqID)
 	}
 	return h.serveInTurn(w, r, next, info, 0, nil)
-}
-
-// validSessionID enforces the spec's charset (visible ASCII) and a length
-// bound, since the id keys memory we hold.
-func validSessionID(id string) bool {
-	if len(id) == 0 || len(id) > maxSessionIDLen {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if id[i] < 0x21 || id[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
 
 // serveSessionless forwards a POST without a session untouched, body
@@ -95,7 +78,7 @@ func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next 
 // until the initialize response ends.
 func (h *Handler) beginSession(status int, header http.Header, r *http.Request, next caddyhttp.Handler) serializer.Turn {
 	id := header.Get(sessionHeader)
-	if status < 200 || status > 299 || !validSessionID(id) {
+	if status < 200 || status > 299 || !serializer.ValidSessionID(id) {
 		return serializer.Turn{}
 	}
 	turn, ok := h.table.Begin(id, h.synthesizer(r, next, id))
