@@ -29,6 +29,7 @@ func newBareHandler(t testing.TB, maxBody int64) *Handler {
 		GetStream:     getStreamForward,
 		onInitTimeout: cfg.OnInitTimeout,
 		table:         tab,
+		applied:       &appliedSettings{},
 		logger:        zap.NewNop(),
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -69,9 +71,14 @@ type Handler struct {
 	onInitTimeout serializer.TimeoutAction
 	table         *serializer.Table
 	poolKey       string
-	logger        *zap.Logger
-	claim         tableUse    // set on the config's first handler of a table
-	claimed       *tableClaim // to check the others against
+	// This config's table settings and when it was provisioned; they reach
+	// the shared table with the first request the config serves.
+	settings   serializer.Config
+	generation uint64
+	applied    *appliedSettings
+	logger     *zap.Logger
+	claim      tableUse    // set on the config's first handler of a table
+	claimed    *tableClaim // to check the others against
 }
 
 // CaddyModule returns the Caddy module information.
@@ -83,7 +90,10 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 }
 
 // Provision applies defaults, validates the settings and attaches the
-// handler to its session table, creating it or reconfiguring it in place.
+// handler to its session table, creating it if no loaded config has it.
+// A table already in use keeps its settings until this config serves a
+// request (applySettings): Caddy provisions a config before it decides to
+// run it, and a config it refuses must change nothing that runs.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	cfg, err := h.config()
@@ -109,18 +119,47 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		cfg.StoreTimeout = engine.CallTimeout()
 	}
 
+	h.settings, h.generation = cfg, provisions.Add(1)
 	h.poolKey = poolKeyPrefix + h.Name
-	val, loaded, err := tables.LoadOrNew(h.poolKey, func() (caddy.Destructor, error) {
-		return pooledTable{serializer.NewTable(cfg)}, nil
+	val, _, err := tables.LoadOrNew(h.poolKey, func() (caddy.Destructor, error) {
+		// A new table starts with these settings: no running config uses it.
+		applied := &appliedSettings{}
+		applied.generation.Store(h.generation)
+		return pooledTable{serializer.NewTable(cfg), applied}, nil
 	})
 	if err != nil {
 		return err
 	}
-	h.table = val.(pooledTable).Table
-	if loaded {
-		h.table.Configure(cfg)
-	}
+	pooled := val.(pooledTable)
+	h.table, h.applied = pooled.Table, pooled.applied
 	return nil
+}
+
+// provisions numbers handler provisions: a later config's settings
+// replace an earlier one's, never the reverse.
+var provisions atomic.Uint64
+
+// appliedSettings is which config's settings a table runs with.
+type appliedSettings struct {
+	mu         sync.Mutex // one Configure at a time
+	generation atomic.Uint64
+}
+
+// applySettings gives the table this handler's settings if they are newer
+// than those it runs with. Only a config Caddy runs serves requests, so a
+// refused one never gets here; a config being replaced, still finishing
+// requests, does not undo its successor's settings. One atomic load when
+// nothing changed.
+func (h *Handler) applySettings() {
+	if h.applied.generation.Load() >= h.generation {
+		return
+	}
+	h.applied.mu.Lock()
+	defer h.applied.mu.Unlock()
+	if h.applied.generation.Load() < h.generation {
+		h.table.Configure(h.settings)
+		h.applied.generation.Store(h.generation)
+	}
 }
 
 // config fills in defaults and checks every setting, naming it on error.
@@ -189,7 +228,10 @@ var tables = caddy.NewUsagePool()
 const poolKeyPrefix = "mcp_serializer/"
 
 // pooledTable lets the usage pool stop a table's janitor.
-type pooledTable struct{ *serializer.Table }
+type pooledTable struct {
+	*serializer.Table
+	applied *appliedSettings
+}
 
 func (t pooledTable) Destruct() error {
 	t.Close()

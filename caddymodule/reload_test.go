@@ -322,3 +322,42 @@ func TestReloadChangingGetStreamAppliesToNewStreamsOnly(t *testing.T) {
 		}
 	}
 }
+
+// A config Caddy refuses changes nothing that runs: here two handlers
+// sharing table "t" disagree, so the config is refused after one of them
+// was provisioned, and the live handler's on_init_timeout reject still
+// answers a held request itself instead of forwarding it.
+func TestRefusedConfigLeavesTheLiveTableSettingsAlone(t *testing.T) {
+	const sid = "refused-reload"
+	up, addr := newUpstream(t, mcpAnswer(sid, nil))
+	live := "mcp_serializer {\n\tname t\n\tinit_timeout 300ms\n\ton_init_timeout reject\n}\nreverse_proxy " + addr
+	c := startCaddy(t, live)
+
+	conflicting := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", c.adminPort)
+	for port, action := range map[int]string{c.port: "forward", freePort(t): "synthesize"} {
+		conflicting += fmt.Sprintf("http://127.0.0.1:%d {\n\tmcp_serializer {\n\t\tname t\n\t\tinit_timeout 300ms\n\t\ton_init_timeout %s\n\t}\n\treverse_proxy %s\n}\n", port, action, addr)
+	}
+	req, _ := http.NewRequest(http.MethodPost, c.admin+"/load", strings.NewReader(conflicting))
+	req.Header.Set("Content-Type", "text/caddyfile")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusal, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		t.Fatal("a config with two handlers of table t disagreeing on on_init_timeout loaded; want it refused")
+	}
+	t.Logf("refused: %s", refusal)
+	http.DefaultClient.CloseIdleConnections()
+
+	initialize(t, c, sid)
+	held := callAsync(context.Background(), http.MethodPost, c.url, sid, rpcRequest("2", "tools/list"))
+	a := await(t, held, 5*time.Second, "held request")
+	if a.status != http.StatusBadRequest || !strings.Contains(string(a.body), "not initialized") {
+		t.Fatalf("held request after the refused reload: %d %s; want 400 not initialized (on_init_timeout reject)", a.status, a.body)
+	}
+	if got, want := strings.Join(up.labels(), " "), "initialize#1"; got != want {
+		t.Fatalf("upstream saw %q, want %q", got, want)
+	}
+}

@@ -23,6 +23,7 @@ const sessionHeader = "Mcp-Session-Id"
 // session-less POSTs for the response that creates a session.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	ids := r.Header.Values(sessionHeader)
+	h.applySettings()
 	if len(ids) == 0 {
 		if r.Method != http.MethodPost {
 			// Not MCP (plain HTTP): untouched, not even placeholders.

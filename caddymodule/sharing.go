@@ -2,10 +2,11 @@ package caddymodule
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
@@ -32,6 +33,7 @@ type tableUse struct {
 // tableClaim is the first handler's settings for a table in a config.
 type tableClaim struct {
 	settings []setting
+	state    json.RawMessage // compared field by field: it may hold a password
 }
 
 type setting struct{ name, value string }
@@ -44,20 +46,25 @@ var claims sync.Map // tableUse -> *tableClaim
 // reports how they differ from those of a handler provisioned before it.
 func (h *Handler) claimTable(ctx caddy.Context, cfg serializer.Config) error {
 	use := tableUse{config: ctx.GetMetricsRegistry(), name: h.Name}
-	mine := &tableClaim{settings: append(tableSettings(cfg), setting{"state", stateSetting(h.StateRaw)})}
+	mine := &tableClaim{settings: tableSettings(cfg), state: h.StateRaw}
 	v, loaded := claims.LoadOrStore(use, mine)
 	if !loaded {
 		h.claim, h.claimed = use, mine
 		return nil
 	}
 	first := v.(*tableClaim)
+	advice := func(name string) string {
+		return fmt.Sprintf("handlers with the same name (%s) share one session table and its settings: "+
+			"give each MCP endpoint its own `name`, or set %s the same in both", tableLabel(h.Name), name)
+	}
 	for i, s := range mine.settings {
 		if other := first.settings[i]; s.value != other.value {
-			return fmt.Errorf("%s: %s here but %s in another mcp_serializer handler of this config; "+
-				"handlers with the same name (%s) share one session table and its settings: "+
-				"give each MCP endpoint its own `name`, or set %s the same in both",
-				s.name, s.value, other.value, tableLabel(h.Name), s.name)
+			return fmt.Errorf("%s: %s here but %s in another mcp_serializer handler of this config; %s",
+				s.name, s.value, other.value, advice(s.name))
 		}
+	}
+	if conflict := stateConflict(mine.state, first.state); conflict != "" {
+		return fmt.Errorf("%s; %s", conflict, advice("state"))
 	}
 	return nil
 }
@@ -83,21 +90,69 @@ func tableSettings(c serializer.Config) []setting {
 	}
 }
 
-// stateSetting names a handler's state engine, and a digest of its
-// settings rather than the settings, which may hold a password.
-func stateSetting(raw json.RawMessage) string {
-	if raw == nil {
+// stateConflict says how two handlers' state settings differ, naming the
+// engine and the fields that differ but never a value: a field may hold a
+// password, and even a digest of one can be checked against guesses. It
+// returns "" when they agree.
+func stateConflict(mine, first json.RawMessage) string {
+	if mine == nil && first == nil {
+		return ""
+	}
+	a, b := stateFields(mine), stateFields(first)
+	if a["module"] != b["module"] {
+		return fmt.Sprintf("state: %s here but %s in another mcp_serializer handler of this config",
+			stateEngineName(a), stateEngineName(b))
+	}
+	var differ []string
+	for k, v := range a {
+		if v != b[k] {
+			differ = append(differ, k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			differ = append(differ, k)
+		}
+	}
+	if len(differ) == 0 {
+		return ""
+	}
+	slices.Sort(differ)
+	return fmt.Sprintf("state: %s settings differ from another mcp_serializer handler of this config in %s",
+		stateEngineName(a), strings.Join(differ, ", "))
+}
+
+// stateFields flattens a state engine's JSON into its top-level fields,
+// each value compacted so that spacing does not count as a difference;
+// nil (no state) has none. Zero values are dropped: omitting a field and
+// setting it to its zero value mean the same default.
+func stateFields(raw json.RawMessage) map[string]string {
+	fields := map[string]string{}
+	var m map[string]json.RawMessage
+	if raw == nil || json.Unmarshal(raw, &m) != nil {
+		return fields
+	}
+	for k, v := range m {
+		var compact bytes.Buffer
+		if json.Compact(&compact, v) != nil {
+			compact.Reset()
+			compact.Write(v)
+		}
+		switch c := compact.String(); c {
+		case `""`, "0", "null", "false", "[]", "{}":
+		default:
+			fields[k] = c
+		}
+	}
+	return fields
+}
+
+func stateEngineName(fields map[string]string) string {
+	var name string
+	if json.Unmarshal([]byte(fields["module"]), &name) != nil || name == "" {
 		return "none"
 	}
-	var mod struct{ Module string }
-	_ = json.Unmarshal(raw, &mod)
-	var compact bytes.Buffer
-	if json.Compact(&compact, raw) != nil {
-		compact.Reset()
-		compact.Write(raw)
-	}
-	sum := sha256.Sum256(compact.Bytes())
-	return fmt.Sprintf("%s (settings %x)", mod.Module, sum[:4])
+	return name
 }
 
 func tableLabel(name string) string {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -130,3 +131,31 @@ func TestNamedHandlersKeepTheirOwnSettings(t *testing.T) {
 func rpcMethod(body []byte) string {
 	return parseRPC(body).Method
 }
+
+// Two handlers of one table whose state settings differ only in the Redis
+// password are refused with a message that names the field, and shows
+// neither the passwords nor anything derived from them.
+func TestStateConflictNamesTheFieldNotTheSecret(t *testing.T) {
+	_, addr := sessionUpstream(t)
+	caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", freePort(t))
+	for _, password := range []string{"first-secret", "second-secret"} {
+		caddyfile += fmt.Sprintf("http://127.0.0.1:%d {\n\tmcp_serializer {\n\t\tstate redis {\n\t\t\taddress 127.0.0.1:1\n\t\t\tpassword %s\n\t\t}\n\t}\n\treverse_proxy %s\n}\n",
+			freePort(t), password, addr)
+	}
+	err := loadCaddyfile(t, caddyfile)
+	if err == nil {
+		caddy.Stop()
+		t.Fatal("handlers of one table with different Redis passwords loaded; want the config refused")
+	}
+	msg := err.Error()
+	t.Logf("refused: %s", msg)
+	if !strings.Contains(msg, "state: redis settings differ") || !strings.Contains(msg, "in password;") {
+		t.Errorf("error %q does not say that the redis password differs", msg)
+	}
+	if strings.Contains(msg, "secret") || hexRun.MatchString(msg) {
+		t.Errorf("error %q shows a password or a digest", msg)
+	}
+}
+
+// hexRun matches what a digest would print: eight or more hex digits.
+var hexRun = regexp.MustCompile(`[0-9a-f]{8,}`)
