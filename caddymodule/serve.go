@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -23,7 +24,6 @@ const sessionHeader = "Mcp-Session-Id"
 // session-less POSTs for the response that creates a session.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	ids := r.Header.Values(sessionHeader)
-	h.applySettings()
 	if len(ids) == 0 {
 		if r.Method != http.MethodPost {
 			// Not MCP (plain HTTP): untouched, not even placeholders.
@@ -135,9 +135,21 @@ func (h *Handler) serveGetStream(w http.ResponseWriter, r *http.Request, next ca
 	return next.ServeHTTP(w, r)
 }
 
+// isEventStream reports a Server-Sent Events response as Caddy's
+// reverse_proxy does (mime.ParseMediaType, so case-insensitive and with
+// parameters). The cheap test first spares a JSON answer the parse and its
+// allocations; it passes every value the parse would accept.
 func isEventStream(h http.Header) bool {
-	return strings.HasPrefix(strings.TrimSpace(h.Get("Content-Type")), "text/event-stream")
+	ct := h.Get("Content-Type")
+	mediaType, _, _ := strings.Cut(ct, ";")
+	if !strings.EqualFold(strings.TrimSpace(mediaType), eventStream) {
+		return false
+	}
+	parsed, _, err := mime.ParseMediaType(ct)
+	return err == nil && parsed == eventStream
 }
+
+const eventStream = "text/event-stream"
 
 // errBodyTooLarge is raised by Caddy's request_body limit, if configured.
 var errBodyTooLarge *http.MaxBytesError
