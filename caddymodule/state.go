@@ -2,8 +2,6 @@ package caddymodule
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -46,13 +44,6 @@ type StateEngine interface {
 	// Lookup reads the record; found is false when it is missing or
 	// expired.
 	Lookup(ctx context.Context, key string) (rec serializer.Record, found bool, err error)
-}
-
-// stateKey is what an engine keys a session's record by: the id itself is
-// a bearer credential.
-func stateKey(id string) string {
-	sum := sha256.Sum256([]byte(id))
-	return hex.EncodeToString(sum[:])
 }
 
 // Store operations, the values of the op label.
@@ -165,7 +156,7 @@ func bounded[T any](s *sharedState, ctx context.Context, op stateOp, id string, 
 	callCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	done := make(chan answer, 1)
-	key := stateKey(id)
+	key := serializer.StoreKey(id)
 	go func() {
 		v, err := call(callCtx, key)
 		done <- answer{v, err}
@@ -210,15 +201,6 @@ func (w *warnLimiter) allow(now time.Time) (ok bool, suppressed int) {
 	}
 	w.last, suppressed, w.suppressed = now, w.suppressed, 0
 	return true, suppressed
-}
-
-// recordTTL is how long a record lives after a write: ttl, and an
-// initializing record at least until its init deadline.
-func recordTTL(ttl time.Duration, open bool, initDeadline, now time.Time) time.Duration {
-	if left := initDeadline.Sub(now); !open && left > ttl {
-		return left
-	}
-	return ttl
 }
 
 // errNotStateEngine names a module in the state namespace that is not one.

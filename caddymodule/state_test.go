@@ -149,6 +149,19 @@ func testStoreConformance(t *testing.T, newEngine func(t *testing.T, ttl time.Du
 		}
 	})
 
+	// serializer.RecordTTL: the init deadline holds an initializing
+	// record only; an open one lives session_ttl from its last write.
+	t.Run("OpenRecordExpiresAfterSessionTTLBeforeItsInitDeadline", func(t *testing.T) {
+		const ttl = 300 * time.Millisecond
+		e := newEngine(t, ttl)
+		must(t, e.store.Created(ctx, "s", time.Now().Add(time.Hour)))
+		must(t, e.store.Opened(ctx, "s"))
+		e.advance(ttl + 200*time.Millisecond)
+		if rec, found := mustLookup(t, e.store, "s"); found {
+			t.Fatalf("found %+v after its ttl: the init deadline kept an open record", rec)
+		}
+	})
+
 	t.Run("TouchExtendsTheRecord", func(t *testing.T) {
 		const ttl = time.Second
 		e := newEngine(t, ttl)
@@ -236,7 +249,7 @@ func TestRedisKeysAreHashesOfTheSessionID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "mcp_serializer:" + stateKey(id)
+	want := "mcp_serializer:" + serializer.StoreKey(id)
 	if len(keys) != 1 || keys[0] != want {
 		t.Fatalf("keys = %q, want [%q]", keys, want)
 	}

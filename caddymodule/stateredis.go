@@ -210,20 +210,20 @@ func (r *RedisState) Cleanup() error {
 func (r *RedisState) CallTimeout() time.Duration { return time.Duration(r.Timeout) }
 
 // createScript writes a fresh record. KEYS[1] the record; ARGV: init
-// deadline (unix ms), ttl (ms), now (unix ms).
+// deadline (unix ms), the record's life (ms, serializer.RecordTTL's).
 var createScript = redis.NewScript(`
 redis.call('HSET', KEYS[1], 'open', '0', 'deadline', ARGV[1], 'inflight', '1')
-local ttl = tonumber(ARGV[2])
-local left = tonumber(ARGV[1]) - tonumber(ARGV[3])
-if left > ttl then ttl = left end
-redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
 
 // updateScript applies one update to an existing record, atomically, so
 // that updates from several instances never regress it: fields only move
 // towards open, and a missing record stays missing. KEYS[1] the record;
-// ARGV: op (ended, opened, touch), ttl (ms), now (unix ms).
+// ARGV: op (ended, opened, touch), ttl (ms). An open record lives ttl
+// from now; an initializing one only ever gets longer, never shorter than
+// the life Created gave it (up to its init deadline): the same expiry as
+// serializer.RecordTTL's, without the deadline, which this call lacks.
 var updateScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if ARGV[1] == 'opened' then
@@ -231,19 +231,19 @@ if ARGV[1] == 'opened' then
 elseif ARGV[1] == 'ended' then
   redis.call('HSET', KEYS[1], 'inflight', '0')
 end
-local ttl = tonumber(ARGV[2])
-if redis.call('HGET', KEYS[1], 'open') ~= '1' then
-  local left = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '0') - tonumber(ARGV[3])
-  if left > ttl then ttl = left end
+if redis.call('HGET', KEYS[1], 'open') == '1' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
 end
-redis.call('PEXPIRE', KEYS[1], ttl)
 return 1
 `)
 
 // Created writes the record of a new session.
 func (r *RedisState) Created(ctx context.Context, key string, initDeadline time.Time, ttl time.Duration) error {
+	life := serializer.RecordTTL(ttl, false, initDeadline, time.Now())
 	return createScript.Run(ctx, r.client, []string{r.KeyPrefix + key},
-		initDeadline.UnixMilli(), ttl.Milliseconds(), time.Now().UnixMilli()).Err()
+		initDeadline.UnixMilli(), life.Milliseconds()).Err()
 }
 
 // InitializeEnded clears the record's in-flight mark.
@@ -262,8 +262,7 @@ func (r *RedisState) Touch(ctx context.Context, key string, ttl time.Duration) e
 }
 
 func (r *RedisState) update(ctx context.Context, key, op string, ttl time.Duration) error {
-	return updateScript.Run(ctx, r.client, []string{r.KeyPrefix + key},
-		op, ttl.Milliseconds(), time.Now().UnixMilli()).Err()
+	return updateScript.Run(ctx, r.client, []string{r.KeyPrefix + key}, op, ttl.Milliseconds()).Err()
 }
 
 // Forget removes the record.

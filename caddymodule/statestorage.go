@@ -126,7 +126,7 @@ func (s *StorageState) Created(ctx context.Context, key string, initDeadline tim
 	now := s.now()
 	return s.store(ctx, key, factCreated, storedFact{
 		InitDeadline: initDeadline,
-		Expires:      now.Add(recordTTL(ttl, false, initDeadline, now)),
+		Expires:      now.Add(serializer.RecordTTL(ttl, false, initDeadline, now)),
 	})
 }
 
@@ -192,10 +192,17 @@ func (s *StorageState) Lookup(ctx context.Context, key string) (serializer.Recor
 
 type recordFacts map[string]storedFact
 
-// expires is when the record expires: with its latest fact.
+// expires is when the record expires: with its latest fact. Once open,
+// the created fact no longer counts: its expiry may be the init deadline,
+// which holds an initializing record only (serializer.RecordTTL), and the
+// open fact, written later, outlives its session_ttl part.
 func (f recordFacts) expires() time.Time {
+	_, open := f[factOpen]
 	var t time.Time
-	for _, fact := range f {
+	for name, fact := range f {
+		if open && name == factCreated {
+			continue
+		}
 		if fact.Expires.After(t) {
 			t = fact.Expires
 		}
