@@ -255,21 +255,28 @@ func countAll(m map[string][]string) int {
 }
 
 // A session created before a reload and left without initialized gets its
-// synthesized notifications/initialized after the reload, through the
-// route it was created on, with its session id.
-func TestSynthesizeAfterReloadStillReachesTheUpstream(t *testing.T) {
+// synthesized notifications/initialized after the reload through the
+// route of the config in force then, not the route that served
+// initialize, which the reload has cleaned up: here the reload moves the
+// site to another upstream, and the notification and the held request
+// both go there.
+func TestSynthesizeAfterReloadGoesThroughTheRunningConfig(t *testing.T) {
 	const sid = "synth-reload"
-	up, addr := newUpstream(t, mcpAnswer(sid, nil))
-	site := "mcp_serializer {\n\tinit_timeout %s\n\ton_init_timeout synthesize\n}\nreverse_proxy " + addr
-	c := startCaddy(t, fmt.Sprintf(site, "500ms"))
+	before, beforeAddr := newUpstream(t, mcpAnswer(sid, nil))
+	after, afterAddr := newUpstream(t, mcpAnswer(sid, nil))
+	site := "mcp_serializer {\n\tinit_timeout %s\n\ton_init_timeout synthesize\n}\nreverse_proxy %s"
+	c := startCaddy(t, fmt.Sprintf(site, "500ms", beforeAddr))
 	initialize(t, c, sid)
-	c.reload(t, fmt.Sprintf(site, "400ms"))
+	c.reload(t, fmt.Sprintf(site, "400ms", afterAddr))
 	held := callAsync(context.Background(), http.MethodPost, c.url, sid, rpcRequest("2", "tools/list"))
 	expectResult(t, await(t, held, 5*time.Second, "held request"), "2")
-	if got, want := strings.Join(up.labels(), " "), "initialize#1 notifications/initialized tools/list#2"; got != want {
-		t.Fatalf("upstream saw %q, want %q", got, want)
+	if got, want := strings.Join(before.labels(), " "), "initialize#1"; got != want {
+		t.Errorf("upstream of the config before the reload saw %q, want %q", got, want)
 	}
-	if got := up.requests()[1].Header.Get("Mcp-Session-Id"); got != sid {
+	if got, want := strings.Join(after.labels(), " "), "notifications/initialized tools/list#2"; got != want {
+		t.Fatalf("upstream of the running config saw %q, want %q", got, want)
+	}
+	if got := after.requests()[0].Header.Get("Mcp-Session-Id"); got != sid {
 		t.Fatalf("synthesized initialized carried session %q, want %q", got, sid)
 	}
 }

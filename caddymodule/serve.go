@@ -23,6 +23,7 @@ const sessionHeader = "Mcp-Session-Id"
 // ServeHTTP schedules requests that carry a session id and watches
 // session-less POSTs for the response that creates a session.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	h.applySettings()
 	ids := r.Header.Values(sessionHeader)
 	if len(ids) == 0 {
 		if r.Method != http.MethodPost {
@@ -61,7 +62,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	ew := &exchangeWriter{
 		ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		h:                     h, r: r, next: next, sessionless: true,
+		h:                     h, r: r, sessionless: true,
 	}
 	// Deferred so that a panic downstream still frees the new session's slot.
 	defer func() { ew.turn.Done(ew.status) }()
@@ -77,12 +78,12 @@ func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next 
 // POST carries a new Mcp-Session-Id (only an InitializeResult may), before
 // the client can see the id. The returned turn holds the session's slot
 // until the initialize response ends.
-func (h *Handler) beginSession(status int, header http.Header, r *http.Request, next caddyhttp.Handler) serializer.Turn {
+func (h *Handler) beginSession(status int, header http.Header, r *http.Request) serializer.Turn {
 	id := header.Get(sessionHeader)
 	if status < 200 || status > 299 || !serializer.ValidSessionID(id) {
 		return serializer.Turn{}
 	}
-	turn, ok := h.table.Begin(id, h.synthesizer(r, next, id))
+	turn, ok := h.table.Begin(id, h.synthesizer(r, id))
 	if ok {
 		publishCreated(r, id)
 		if c := h.logger.Check(zapcore.DebugLevel, "session created, held until initialized"); c != nil {
@@ -95,8 +96,8 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request, 
 // serveInTurn forwards the request once it is the session's turn.
 func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo, traits serializer.Traits, reqID []byte) error {
 	// Made before the turn: the table may ask it for a synthesizer.
-	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r, next: next}
-	turn, err := h.table.AcquireFrom(r.Context(), info.sessionID, traits, ew)
+	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r}
+	turn, err := h.acquire(r, info.sessionID, traits, ew)
 	info.waited, info.held = turn.Waited(), turn.Held()
 	if err != nil {
 		return h.rejectWait(w, r, info.sessionID, err, reqID)

@@ -3,8 +3,9 @@ package caddymodule
 import (
 	"bytes"
 	"context"
-	"maps"
+	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
@@ -16,12 +17,25 @@ import (
 
 var initializedNotification = []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
 
+// synthesizedKey marks, in its context, the notification the synthesize
+// action sends, so that the handler that serves it takes its turn by that
+// action's rule (acquire).
+type synthesizedKey struct{}
+
+// errAlreadyInitialized answers a synthesized notification whose session's
+// gate opened while it waited: the client's own was acknowledged.
+var errAlreadyInitialized = errors.New("the client's notifications/initialized was acknowledged first")
+
 // synthesizer returns the function the on_init_timeout synthesize action
-// calls: it sends notifications/initialized through the rest of the route,
-// as the client would have, with the initialize request's headers. What it
-// needs of the initialize request is copied now, while that request is
-// still being served.
-func (h *Handler) synthesizer(r *http.Request, next caddyhttp.Handler, id string) func(context.Context) bool {
+// calls: it sends notifications/initialized as the client would have,
+// with the initialize request's headers, to the same URL, through the
+// routes of the config running when it fires. A reload in between has
+// cleaned up the routes that served initialize (their upstreams, their
+// php_fastcgi transport), so they are looked up afresh: the server of the
+// running config that listens where the initialize request came in.
+// What it needs of the initialize request is copied now, while that
+// request is still being served.
+func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) bool {
 	if h.onInitTimeout != serializer.Synthesize {
 		return nil
 	}
@@ -30,13 +44,19 @@ func (h *Handler) synthesizer(r *http.Request, next caddyhttp.Handler, id string
 	if server == nil || orig.URL == nil {
 		return nil
 	}
+	listen := slices.Clone(server.Listen)
 	target := orig.URL.String()
 	header := r.Header.Clone()
-	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	vars = maps.Clone(vars)
 	remoteAddr, host := r.RemoteAddr, r.Host
 
 	return func(ctx context.Context) bool {
+		srv := runningServer(server, listen)
+		if srv == nil {
+			h.logger.Warn("on_init_timeout synthesize: no server of the running config listens where the session was created; the gate opens without it",
+				zap.String("session", sessionHash(id)), zap.Strings("listen", listen))
+			return false
+		}
+		ctx = context.WithValue(ctx, synthesizedKey{}, true)
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(initializedNotification))
 		if err != nil {
 			return false
@@ -51,33 +71,60 @@ func (h *Handler) synthesizer(r *http.Request, next caddyhttp.Handler, id string
 		req.RemoteAddr, req.Host, req.RequestURI = remoteAddr, host, orig.RequestURI
 
 		rec := &statusRecorder{header: http.Header{}}
-		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, server)
-		// Variables set before this handler ran (root, for php_fastcgi).
-		fresh, _ := req.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-		for k, v := range vars {
-			if _, set := fresh[k]; !set {
-				fresh[k] = v
-			}
-		}
-
-		turn, err := h.table.Acquire(ctx, id, serializer.CarriesInitialized)
-		if err != nil {
-			return false
-		}
-		if !turn.Gated() {
-			// The client's own initialized was acknowledged while this
-			// one waited for its turn: sending it again is not needed.
-			turn.Done(0)
+		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, srv)
+		err = srv.Routes.Compile(routeEnd).ServeHTTP(rec, req)
+		if errors.Is(err, errAlreadyInitialized) {
 			return true
 		}
-		err = next.ServeHTTP(rec, req)
 		status := statusOf(rec.status, err)
-		turn.Done(status)
 		h.logger.Warn("sent notifications/initialized on the client's behalf (on_init_timeout synthesize)",
 			zap.String("session", sessionHash(id)), zap.Int("status", status), zap.Error(err))
 		return status >= 200 && status < 300
 	}
 }
+
+// acquire waits for a request's turn in its session. The notification
+// the synthesize action sends is not needed once the client's own has
+// been acknowledged, which may happen while it waits for its turn: it
+// is then not forwarded, and its sender hears errAlreadyInitialized.
+func (h *Handler) acquire(r *http.Request, id string, traits serializer.Traits, src serializer.SynthSource) (serializer.Turn, error) {
+	if traits.Has(serializer.CarriesInitialized) && r.Context().Value(synthesizedKey{}) != nil {
+		turn, err := h.table.Acquire(r.Context(), id, serializer.CarriesInitialized)
+		if err == nil && !turn.Gated() {
+			turn.Done(0)
+			return serializer.Turn{}, errAlreadyInitialized
+		}
+		return turn, err
+	}
+	return h.table.AcquireFrom(r.Context(), id, traits, src)
+}
+
+// runningServer is the server of the running config that listens on one
+// of listen's addresses: created itself when no reload happened since.
+func runningServer(created *caddyhttp.Server, listen []string) *caddyhttp.Server {
+	app, err := caddy.ActiveContext().AppIfConfigured("http")
+	if err != nil {
+		return nil
+	}
+	httpApp, ok := app.(*caddyhttp.App)
+	if !ok {
+		return nil
+	}
+	for _, srv := range httpApp.Servers {
+		if srv == created {
+			return srv
+		}
+	}
+	for _, srv := range httpApp.Servers {
+		if slices.ContainsFunc(srv.Listen, func(addr string) bool { return slices.Contains(listen, addr) }) {
+			return srv
+		}
+	}
+	return nil
+}
+
+// routeEnd ends a synthesized request's route as Caddy ends a server's.
+var routeEnd = caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
 
 // statusRecorder is the response writer of a synthesized request: the
 // client never sees the answer, only its status matters.

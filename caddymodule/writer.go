@@ -25,7 +25,6 @@ type exchangeWriter struct {
 	// be asked for the synthesize action's sender (Synthesizer).
 	h           *Handler
 	r           *http.Request
-	next        caddyhttp.Handler
 	sessionless bool
 }
 
@@ -33,7 +32,7 @@ type exchangeWriter struct {
 // synthesize action for a session it has just adopted gated; it is never
 // called for a session already known here.
 func (w *exchangeWriter) Synthesizer(id string) func(context.Context) bool {
-	return w.h.synthesizer(w.r, w.next, id)
+	return w.h.synthesizer(w.r, id)
 }
 
 func (w *exchangeWriter) WriteHeader(status int) {
@@ -47,7 +46,7 @@ func (w *exchangeWriter) WriteHeader(status int) {
 func (w *exchangeWriter) onFinalHeader() {
 	header := w.Header()
 	if w.sessionless {
-		w.turn = w.h.beginSession(w.status, header, w.r, w.next)
+		w.turn = w.h.beginSession(w.status, header, w.r)
 	}
 	if isEventStream(header) {
 		w.turn.Streaming()
