@@ -19,7 +19,7 @@ import (
 const (
 	placeholderPrefix      = "http.mcp."
 	placeholderSessionHash = "http.mcp.session_hash" // 12 hex digits, as in the logs
-	placeholderMethod      = "http.mcp.method"       // JSON-RPC method, "batch", "response" or ""
+	placeholderMethod      = "http.mcp.method"       // JSON-RPC method (as serializer.Method.String shows it), "batch", "response" or ""
 	placeholderQueueWait   = "http.mcp.queue_wait"   // time.Duration
 	placeholderHeld        = "http.mcp.held"         // bool
 )

@@ -98,6 +98,9 @@ func TestPlaceholdersReachHeaderAndLaterHandlers(t *testing.T) {
 		{"batch", http.MethodPost, `[{"jsonrpc":"2.0","id":3,"method":"ping"},{"jsonrpc":"2.0","id":4,"method":"ping"}]`, "[batch]"},
 		{"response", http.MethodPost, `{"jsonrpc":"2.0","id":0,"result":{}}`, "[response]"},
 		{"malformed", http.MethodPost, `{"jsonrpc":`, "[]"},
+		// The client chooses the method: shown printable and cut to 128 bytes.
+		{"hostile method", http.MethodPost, `{"jsonrpc":"2.0","id":6,"method":"tools/list\r\n\u001b[2J` + strings.Repeat("x", 300) + `"}`,
+			"[tools/list\ufffd\ufffd\ufffd[2J" + strings.Repeat("x", 128-22) + "]"},
 		{"DELETE", http.MethodDelete, "", "[]"},
 	} {
 		a := call(ctx, http.DefaultClient, tc.method, c.url, sid, tc.body)

@@ -3,6 +3,8 @@ package serializer
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -75,25 +77,80 @@ const (
 	methodBatch
 )
 
-// String returns the method, decoding JSON escapes and replacing invalid
-// UTF-8 as encoding/json does. It allocates; call it only to show it.
+// MaxMethodLen bounds what Method.String returns, in bytes: the client
+// chooses the method, and it goes into placeholders and access logs.
+const MaxMethodLen = 128
+
+// String returns the method fit to show in a log line or a header: the
+// JSON string decoded, each byte of invalid UTF-8 and each character that
+// is not printable (unicode.IsPrint: control characters, format
+// characters such as bidirectional overrides, line and paragraph
+// separators, spaces other than U+0020, unassigned code points) replaced
+// by U+FFFD, then cut to the whole characters that fit in MaxMethodLen
+// bytes. A method of printable ASCII within the bound is returned unchanged.
+// It allocates; call it only to show it.
 func (m Method) String() string {
 	switch m.kind {
 	case methodNamed:
-		if bytes.IndexByte(m.raw, '\\') < 0 && utf8.Valid(m.raw) {
+		if len(m.raw) <= MaxMethodLen && plainPrintable(m.raw) {
 			return string(m.raw)
 		}
-		quoted := make([]byte, 0, len(m.raw)+2)
-		quoted = append(append(append(quoted, '"'), m.raw...), '"')
-		var decoded string
-		_ = json.Unmarshal(quoted, &decoded) // valid: Classify checked the body
-		return decoded
+		return showable(decodeString(m.raw))
 	case methodResponse:
 		return "response"
 	case methodBatch:
 		return "batch"
 	}
 	return ""
+}
+
+// Is reports whether the body is a single message whose method is name,
+// without allocating unless the method holds escapes.
+func (m Method) Is(name string) bool {
+	return m.kind == methodNamed && stringEquals(m.raw, name)
+}
+
+// plainPrintable reports raw string contents that decode to themselves and
+// are printable ASCII.
+func plainPrintable(raw []byte) bool {
+	for _, c := range raw {
+		if c < 0x20 || c > 0x7e || c == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeString decodes raw JSON string contents; invalid UTF-8 becomes
+// U+FFFD, one per byte, as encoding/json does.
+func decodeString(raw []byte) []byte {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw // showable replaces invalid UTF-8 as json would
+	}
+	quoted := make([]byte, 0, len(raw)+2)
+	quoted = append(append(append(quoted, '"'), raw...), '"')
+	var decoded string
+	_ = json.Unmarshal(quoted, &decoded) // valid: Classify checked the body
+	return []byte(decoded)
+}
+
+// showable applies String's rule to decoded text.
+func showable(b []byte) string {
+	var out strings.Builder
+	out.Grow(min(len(b), MaxMethodLen))
+	for len(b) > 0 {
+		r, size := utf8.DecodeRune(b)
+		b = b[size:]
+		// Invalid UTF-8 decodes as utf8.RuneError, U+FFFD, itself printable.
+		if !unicode.IsPrint(r) {
+			r = utf8.RuneError
+		}
+		if out.Len()+utf8.RuneLen(r) > MaxMethodLen {
+			break
+		}
+		out.WriteRune(r)
+	}
+	return out.String()
 }
 
 // message is what scheduling needs to know of one JSON-RPC object.

@@ -59,6 +59,16 @@ func TestClassifyNamesTheMethod(t *testing.T) {
 		`{"jsonrpc":"2.0","method":"notifications/in`: "",
 		`"tools/list"`: "",
 		``:             "",
+		// Shown cleaned and cut (Method.String).
+		`{"jsonrpc":"2.0","id":1,"method":"a\u0000b\nc\td\u007fe\u0085f\u202eg\u2028h\u00a0i j"}`: "a\ufffdb\ufffdc\ufffdd\ufffde\ufffdf\ufffdg\ufffdh\ufffdi j",
+		"{\"jsonrpc\":\"2.0\",\"method\":\"x\xffy\xc3\"}":                                         "x\ufffdy\ufffd", // invalid UTF-8, one U+FFFD a byte
+		`{"jsonrpc":"2.0","method":"\ud800 lone surrogate"}`:                                      "\ufffd lone surrogate",
+		`{"jsonrpc":"2.0","method":"` + strings.Repeat("m", 200) + `"}`:                           strings.Repeat("m", MaxMethodLen),
+		`{"jsonrpc":"2.0","method":"` + strings.Repeat("m", 127) + `é"}`:                          strings.Repeat("m", 127), // é would end at byte 129
+		`{"jsonrpc":"2.0","method":"` + strings.Repeat("m", 126) + `é"}`:                          strings.Repeat("m", 126) + "é",
+		`{"jsonrpc":"2.0","method":"` + strings.Repeat("m", 127) + `\u0000"}`:                     strings.Repeat("m", 127),
+		`{"jsonrpc":"2.0","method":"` + strings.Repeat("m", 125) + `\u0000"}`:                     strings.Repeat("m", 125) + "\ufffd",
+		`{"jsonrpc":"2.0","method":"` + strings.Repeat("\\u0041", 128) + `B"}`:                    strings.Repeat("A", 128),
 	} {
 		_, _, method := Classify([]byte(body))
 		if got := method.String(); got != want {
@@ -75,5 +85,25 @@ func TestClassifyDoesNotAllocateForSmallMessages(t *testing.T) {
 	allocs := testing.AllocsPerRun(100, func() { Classify(body) })
 	if allocs > 2 {
 		t.Fatalf("Classify allocates %.0f times per call, want at most 2", allocs)
+	}
+}
+
+func TestMethodIsComparesTheDecodedMethodOfOneMessage(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize"}`:            true,
+		`{"jsonrpc":"2.0","id":1,"method":"initi\u0061lize"}`:       true,
+		`{"jsonrpc":"2.0","id":1,"method":"Initialize"}`:            false,
+		`{"jsonrpc":"2.0","id":1,"method":"initialize "}`:           false,
+		`[{"jsonrpc":"2.0","id":1,"method":"initialize"}]`:          false,
+		`{"jsonrpc":"2.0","id":1,"result":{"method":"initialize"}}`: false,
+		`{"jsonrpc":"2.0","id":1,"method":"initialize"`:             false,
+	} {
+		if _, _, method := Classify([]byte(body)); method.Is("initialize") != want {
+			t.Errorf("Classify(%s) method.Is(initialize) = %v, want %v", body, !want, want)
+		}
+	}
+	body := []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)
+	if allocs := testing.AllocsPerRun(100, func() { _, _, m := Classify(body); m.Is("initialize") }); allocs != 0 {
+		t.Fatalf("Classify and Is allocate %.0f times, want none", allocs)
 	}
 }

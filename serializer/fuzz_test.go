@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // FuzzClassify checks that Classify never panics and agrees with a plain
@@ -41,8 +42,8 @@ func FuzzClassify(f *testing.F) {
 //   - The id is returned for a top-level object only, when its "method" is
 //     a string and it has an "id" member: the member's raw JSON text.
 //   - The method: for a top-level object, its "method" member when that is
-//     a string, decoded; else "response" when it is a response; for a
-//     top-level array, "batch"; else "".
+//     a string, decoded and shown as refShown says; else "response" when it
+//     is a response; for a top-level array, "batch"; else "".
 func referenceClassify(t *testing.T, body []byte) (Traits, []byte, string) {
 	// RawMessage, not any: a number beyond float64 is still valid JSON.
 	var top json.RawMessage
@@ -70,6 +71,7 @@ func referenceClassify(t *testing.T, body []byte) (Traits, []byte, string) {
 		_, hasError := m["error"]
 		switch {
 		case isString:
+			name = refShown(name)
 		case !hasMethod && hasID && (hasResult || hasError):
 			name = "response"
 		default:
@@ -128,6 +130,26 @@ func refMethod(t *testing.T, m map[string]json.RawMessage) (string, bool) {
 	return s, true
 }
 
+// refShown is Method.String's rule written out: every character that is
+// not printable becomes U+FFFD (encoding/json has already made each byte
+// of invalid UTF-8 one), and only the leading characters whose encodings
+// add up to at most 128 bytes are kept.
+func refShown(decoded string) string {
+	var out []rune
+	n := 0
+	for _, r := range decoded {
+		if !unicode.IsPrint(r) {
+			r = '\uFFFD'
+		}
+		n += len(string(r))
+		if n > 128 {
+			break
+		}
+		out = append(out, r)
+	}
+	return string(out)
+}
+
 func mustUnmarshal(t *testing.T, data []byte, v any) {
 	t.Helper()
 	if err := json.Unmarshal(data, v); err != nil {
@@ -173,6 +195,11 @@ func classifySeeds() []string {
 		`{"jsonrpc":"2.0","method":"notifications\u002finitialized"}`,
 		`{"jsonrpc":"2.0","m\u0065thod":"notifications/initialized"}`,
 		`{"jsonrpc":"2.0","method":"notifications/initialized\u0000"}`,
+		// Methods that must be cleaned or cut before they are shown.
+		`{"jsonrpc":"2.0","id":1,"method":"tools/list\r\n\u001b[31mFAKE\u202e\u2028\u0085\u007f\ud800"}`,
+		"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"a\x01b\xffc\xc3\"}",
+		`{"jsonrpc":"2.0","id":1,"method":"` + strings.Repeat("m", 127) + `\u00e9"}`,
+		`{"jsonrpc":"2.0","id":1,"method":"` + strings.Repeat("m", 200) + `"}`,
 		`{"jsonrpc":"2.0","method":"notifications/initialized","method":"ping"}`,
 		`{"jsonrpc":"2.0","method":"ping","method":"notifications/initialized"}`,
 		`{"jsonrpc":"2.0","method":["notifications/initialized"]}`,
