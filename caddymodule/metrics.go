@@ -96,16 +96,38 @@ func trackedSessions() float64 {
 // events turns a table's events into metrics and log lines.
 type events struct {
 	logger *zap.Logger
+	// gateWarns spaces the gate-timeout WARNs: every client that never
+	// sends initialized causes one. nil logs each.
+	gateWarns *warnLimiter
+	now       func() time.Time // nil: time.Now
+}
+
+func newEvents(logger *zap.Logger) events {
+	return events{logger: logger, gateWarns: new(warnLimiter)}
 }
 
 func (events) Waited(d time.Duration) { metrics.queueWait.Observe(d.Seconds()) }
 
 func (events) Held() { metrics.gateHolds.Inc() }
 
+// GateTimedOut counts every gate timeout and logs at most one WARN per
+// stateWarnInterval, naming how many it held back since the last.
 func (e events) GateTimedOut(id string, action serializer.TimeoutAction) {
 	metrics.gateTimeout.WithLabelValues(action.String()).Inc()
+	suppressed := 0
+	if e.gateWarns != nil {
+		now := time.Now
+		if e.now != nil {
+			now = e.now
+		}
+		var ok bool
+		if ok, suppressed = e.gateWarns.allow(now()); !ok {
+			return
+		}
+	}
 	e.logger.Warn("notifications/initialized not acknowledged within init_timeout",
-		zap.String("session", sessionHash(id)), zap.Stringer("action", action))
+		zap.String("session", sessionHash(id)), zap.Stringer("action", action),
+		zap.Int("suppressed", suppressed))
 }
 
 func (events) Evicted() { metrics.evictions.Inc() }

@@ -105,7 +105,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.onInitTimeout = cfg.OnInitTimeout
 	registerMetrics(ctx.GetMetricsRegistry())
-	cfg.Events = events{logger: h.logger}
+	cfg.Events = newEvents(h.logger)
 	if h.StateRaw != nil {
 		mod, err := ctx.LoadModule(h, "StateRaw")
 		if err != nil {
