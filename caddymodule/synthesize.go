@@ -89,9 +89,8 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 // is then not forwarded, and its sender hears errAlreadyInitialized.
 func (h *Handler) acquire(r *http.Request, id string, traits serializer.Traits, src serializer.SynthSource) (serializer.Turn, error) {
 	if traits.Has(serializer.CarriesInitialized) && r.Context().Value(synthesizedKey{}) != nil {
-		turn, err := h.table.Acquire(r.Context(), id, serializer.CarriesInitialized)
-		if err == nil && !turn.Gated() {
-			turn.Done(0)
+		turn, err := h.table.AcquireSynthesized(r.Context(), id)
+		if errors.Is(err, serializer.ErrAlreadyInitialized) {
 			return serializer.Turn{}, errAlreadyInitialized
 		}
 		return turn, err

@@ -1,34 +1,46 @@
 package serializer
 
-import "testing"
+import (
+	"errors"
+	"testing"
+)
 
-// Gated tells the synthesize action whether its notifications/initialized
-// is still needed once its turn comes: not when the client's own was
-// acknowledged while it waited.
-func TestTurnGatedTellsWhetherInitializedWasAcknowledged(t *testing.T) {
+// The synthesize action's notifications/initialized is not needed once
+// the client's own was acknowledged while it waited for its turn:
+// AcquireSynthesized then releases the turn and says so.
+func TestSynthesizedInitializedIsSkippedOnceTheClientsWasAcknowledged(t *testing.T) {
 	tab, _ := newTestTable(t, nil)
 	initialize, _ := tab.Begin("s", nil)
-	if !initialize.Gated() {
-		t.Fatal("a new session's turn is not gated")
-	}
 	initialize.Done(200)
 	clients := mustGet(t, acquireAsync(t, tab, bg, "s", CarriesInitialized))
-	synthesized := acquireAsync(t, tab, bg, "s", CarriesInitialized)
-	if !clients.turn.Gated() {
-		t.Fatal("gate open before initialized was answered")
-	}
+	synthesized := make(chan result, 1)
+	go func() {
+		turn, err := tab.AcquireSynthesized(bg, "s")
+		synthesized <- result{turn, err}
+	}()
+	eventually(t, func() bool { return waitingCount(tab, "s") == 1 })
 	clients.turn.Done(202)
-	if r := mustGet(t, synthesized); r.turn.Gated() {
-		t.Fatal("gate still closed after initialized was acknowledged")
-	} else {
-		r.turn.Done(0)
+	if r := mustGet(t, synthesized); !errors.Is(r.err, ErrAlreadyInitialized) {
+		t.Fatalf("synthesized initialized after the client's was acknowledged: err = %v, want ErrAlreadyInitialized", r.err)
 	}
-	if (Turn{}).Gated() {
-		t.Fatal("the zero Turn is gated")
+	// The turn was released: the session's next request goes at once.
+	next, err := tab.Acquire(bg, "s", 0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	unknown, _ := tab.Acquire(bg, "unknown", 0)
-	defer unknown.Done(200)
-	if unknown.Gated() {
-		t.Fatal("an unknown session's turn is gated")
+	next.Done(200)
+}
+
+func TestSynthesizedInitializedGoesWhileTheGateIsClosed(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	initialize, _ := tab.Begin("s", nil)
+	initialize.Done(200)
+	held := acquireAsync(t, tab, bg, "s", 0)
+	turn, err := tab.AcquireSynthesized(bg, "s")
+	if err != nil {
+		t.Fatalf("synthesized initialized at a closed gate: %v", err)
 	}
+	mustWait(t, held)
+	turn.Done(202)
+	mustGet(t, held).turn.Done(200)
 }

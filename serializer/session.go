@@ -14,6 +14,9 @@ var (
 	ErrQueueFull      = errors.New("session queue is full")
 	ErrQueueTimeout   = errors.New("timed out waiting for the session's turn")
 	ErrNotInitialized = errors.New("session was not initialized within init_timeout")
+	// ErrAlreadyInitialized answers Table.AcquireSynthesized when the
+	// client's own notifications/initialized was acknowledged first.
+	ErrAlreadyInitialized = errors.New("session's notifications/initialized was already acknowledged")
 )
 
 type gateState uint8
@@ -113,17 +116,6 @@ func (t Turn) Done(status int) {
 		s.table.drop(s)
 	}
 	s.unref()
-}
-
-// Gated reports whether the session's gate is still closed, that is, no
-// notifications/initialized has been acknowledged yet.
-func (t Turn) Gated() bool {
-	if t.s == nil {
-		return false
-	}
-	t.s.mu.Lock()
-	defer t.s.mu.Unlock()
-	return t.s.gate != gateOpen
 }
 
 // Overtook reports whether the turn went ahead of the in-flight exchange.

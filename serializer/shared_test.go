@@ -220,7 +220,7 @@ func TestFailedCreatedStillBeginsTheSession(t *testing.T) {
 	store.fail = errStoreDown
 	tabs, _ := newInstances(t, 1, store, nil)
 	initialize, ok := tabs[0].Begin("s", nil)
-	if !ok || !initialize.Gated() {
+	if g, _ := gateOf(tabs[0], "s"); !ok || g != gateInitializing {
 		t.Fatal("a store failure refused or ungated a new session")
 	}
 	initialize.Done(200)
@@ -413,8 +413,8 @@ func TestStoreErrorFallsBackToQueueOnlyWithinTheBound(t *testing.T) {
 	store.fail = errStoreDown
 	tabs, _ := newInstances(t, 1, store, nil)
 	first := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
-	if first.err != nil || first.turn.Gated() {
-		t.Fatalf("first request with the store failing: err=%v gated=%v", first.err, first.turn.Gated())
+	if g, _ := gateOf(tabs[0], "s"); first.err != nil || g != gateOpen {
+		t.Fatalf("first request with the store failing: err=%v gate=%v", first.err, g)
 	}
 	second := acquireAsync(t, tabs[0], bg, "s", 0)
 	mustWait(t, second) // still one at a time

@@ -97,6 +97,28 @@ func (t *Table) AcquireFrom(ctx context.Context, id string, traits Traits, src S
 	return turn, err
 }
 
+// AcquireSynthesized waits for the turn of a notifications/initialized
+// sent on the client's behalf (the Synthesize action), as Acquire with
+// CarriesInitialized does. If the gate opened while it waited (the
+// client's own initialized was acknowledged), sending it again is not
+// needed: the turn is released and ErrAlreadyInitialized returned.
+func (t *Table) AcquireSynthesized(ctx context.Context, id string) (Turn, error) {
+	turn, err := t.Acquire(ctx, id, CarriesInitialized)
+	if err != nil {
+		return turn, err
+	}
+	s := turn.s
+	s.mu.Lock()
+	open := s.gate == gateOpen
+	s.mu.Unlock()
+	if open {
+		turn.release()
+		s.unref()
+		return Turn{}, ErrAlreadyInitialized
+	}
+	return turn, nil
+}
+
 // WaitGate waits until session id may stream to its client: at once unless
 // the session is still initializing. Without a Store an unknown session
 // is not tracked; with one it is looked up as by Acquire.
