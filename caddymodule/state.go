@@ -22,7 +22,8 @@ import (
 // id, bounds the call and counts failures, so an engine sees keys only: the
 // hex SHA-256 of a session id, never the id. Writes carry ttl, the
 // handler's session_ttl: a record lives that long after its last write,
-// and an initializing record at least until its init deadline. It comes
+// and an initializing record at least until its init deadline
+// (serializer.RecordTTL). It comes
 // with each call rather than at provision because the table, and so the
 // ttl, is reconfigured in place on reload.
 type StateEngine interface {
@@ -63,14 +64,28 @@ var stateOpNames = [numStateOps]string{"created", "initialize_ended", "opened", 
 
 func (o stateOp) String() string { return stateOpNames[o] }
 
+// maxStateCallsInFlight bounds the engine calls one adapter has running.
+// A healthy engine answers in about a millisecond, so this is far more
+// than an instance's traffic keeps busy; an engine that ignores its
+// context (Caddy storage on a hung network file system) keeps a goroutine
+// per call, and this caps them at a few MB of stacks instead of one per
+// request for as long as it hangs.
+const maxStateCallsInFlight = 256
+
+// errStateBusy is the answer, without calling the engine, while
+// maxStateCallsInFlight calls have not returned.
+var errStateBusy = fmt.Errorf("%d calls to the engine have not returned; not calling it again until one does", maxStateCallsInFlight)
+
 // stateWarnInterval spaces the WARN lines of one operation: an engine that
 // is down fails every call, and one line per call would flood the log.
 const stateWarnInterval = 10 * time.Second
 
 // sharedState is the serializer.Store the table calls: it turns ids into
-// keys, bounds every call by the engine's timeout, and on failure counts
-// caddy_mcp_serializer_state_errors_total{op} and logs a rate-limited WARN.
-// The table treats an error as "unknown" and carries on locally.
+// keys, bounds every call by the engine's timeout and the calls in flight
+// by maxStateCallsInFlight, remembers "not found" answers briefly, and on
+// failure counts caddy_mcp_serializer_state_errors_total{op} and logs a
+// rate-limited WARN. The table treats an error as "unknown" and carries
+// on locally.
 type sharedState struct {
 	engine  StateEngine
 	ttl     time.Duration
@@ -78,17 +93,22 @@ type sharedState struct {
 	logger  *zap.Logger
 	now     func() time.Time
 
+	slots    chan struct{} // one per engine call not yet returned
+	notFound *notFoundCache
+
 	errors [numStateOps]prometheus.Counter
 	warns  [numStateOps]warnLimiter
 }
 
 func newSharedState(engine StateEngine, ttl time.Duration, logger *zap.Logger) *sharedState {
 	s := &sharedState{
-		engine:  engine,
-		ttl:     ttl,
-		timeout: engine.CallTimeout(),
-		logger:  logger,
-		now:     time.Now,
+		engine:   engine,
+		ttl:      ttl,
+		timeout:  engine.CallTimeout(),
+		logger:   logger,
+		now:      time.Now,
+		slots:    make(chan struct{}, maxStateCallsInFlight),
+		notFound: newNotFoundCache(),
 	}
 	for op := range numStateOps {
 		s.errors[op] = metrics.stateErrors.WithLabelValues(op.String())
@@ -97,37 +117,49 @@ func newSharedState(engine StateEngine, ttl time.Duration, logger *zap.Logger) *
 }
 
 func (s *sharedState) Created(ctx context.Context, id string, initDeadline time.Time) error {
-	_, err := bounded(s, ctx, opCreated, id, func(ctx context.Context, key string) (struct{}, error) {
+	key := serializer.StoreKey(id)
+	_, err := bounded(s, ctx, opCreated, id, key, func(ctx context.Context, key string) (struct{}, error) {
+		defer s.notFound.creating(key)()
 		return struct{}{}, s.engine.Created(ctx, key, initDeadline, s.ttl)
 	})
 	return err
 }
 
 func (s *sharedState) InitializeEnded(ctx context.Context, id string) error {
-	_, err := bounded(s, ctx, opInitializeEnded, id, func(ctx context.Context, key string) (struct{}, error) {
+	_, err := bounded(s, ctx, opInitializeEnded, id, serializer.StoreKey(id), func(ctx context.Context, key string) (struct{}, error) {
 		return struct{}{}, s.engine.InitializeEnded(ctx, key, s.ttl)
 	})
 	return err
 }
 
 func (s *sharedState) Opened(ctx context.Context, id string) error {
-	_, err := bounded(s, ctx, opOpened, id, func(ctx context.Context, key string) (struct{}, error) {
+	_, err := bounded(s, ctx, opOpened, id, serializer.StoreKey(id), func(ctx context.Context, key string) (struct{}, error) {
 		return struct{}{}, s.engine.Opened(ctx, key, s.ttl)
 	})
 	return err
 }
 
 func (s *sharedState) Touch(ctx context.Context, id string) error {
-	_, err := bounded(s, ctx, opTouch, id, func(ctx context.Context, key string) (struct{}, error) {
+	_, err := bounded(s, ctx, opTouch, id, serializer.StoreKey(id), func(ctx context.Context, key string) (struct{}, error) {
 		return struct{}{}, s.engine.Touch(ctx, key, s.ttl)
 	})
 	return err
 }
 
+// Forget replaces the key's "not found" entry by a fresh one once the
+// engine removed the record: the table forgets a session its upstream
+// answered 404 for, and the client's next request for it must not cost a
+// lookup.
 func (s *sharedState) Forget(ctx context.Context, id string) error {
-	_, err := bounded(s, ctx, opForget, id, func(ctx context.Context, key string) (struct{}, error) {
+	key := serializer.StoreKey(id)
+	s.notFound.drop(key)
+	version := s.notFound.version(key)
+	_, err := bounded(s, ctx, opForget, id, key, func(ctx context.Context, key string) (struct{}, error) {
 		return struct{}{}, s.engine.Forget(ctx, key)
 	})
+	if err == nil {
+		s.notFound.add(key, version, s.now())
+	}
 	return err
 }
 
@@ -136,36 +168,52 @@ type lookupResult struct {
 	found bool
 }
 
+// Lookup answers "not found" without calling the engine for a key it
+// answered so less than notFoundTTL ago.
 func (s *sharedState) Lookup(ctx context.Context, id string) (serializer.Record, bool, error) {
-	res, err := bounded(s, ctx, opLookup, id, func(ctx context.Context, key string) (lookupResult, error) {
+	key := serializer.StoreKey(id)
+	if s.notFound.has(key, s.now()) {
+		return serializer.Record{}, false, nil
+	}
+	version := s.notFound.version(key)
+	res, err := bounded(s, ctx, opLookup, id, key, func(ctx context.Context, key string) (lookupResult, error) {
 		rec, found, err := s.engine.Lookup(ctx, key)
 		return lookupResult{rec, found}, err
 	})
+	if err == nil && !res.found {
+		s.notFound.add(key, version, s.now())
+	}
 	return res.rec, res.found, err
 }
 
 // bounded runs one engine call in its own goroutine so that the caller
 // waits no longer than the timeout, whatever the engine does with its
 // context (a hung network file system ignores it); a late answer is
-// dropped.
-func bounded[T any](s *sharedState, ctx context.Context, op stateOp, id string, call func(context.Context, string) (T, error)) (T, error) {
+// dropped. The goroutine holds one of the adapter's slots until the engine
+// returns; with none free the call fails at once, without the engine.
+func bounded[T any](s *sharedState, ctx context.Context, op stateOp, id, key string, call func(context.Context, string) (T, error)) (T, error) {
 	type answer struct {
 		val T
 		err error
 	}
-	callCtx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	done := make(chan answer, 1)
-	key := serializer.StoreKey(id)
-	go func() {
-		v, err := call(callCtx, key)
-		done <- answer{v, err}
-	}()
 	var a answer
 	select {
-	case a = <-done:
-	case <-callCtx.Done():
-		a.err = fmt.Errorf("no answer within %s: %w", s.timeout, callCtx.Err())
+	case s.slots <- struct{}{}:
+		callCtx, cancel := context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+		done := make(chan answer, 1)
+		go func() {
+			defer func() { <-s.slots }()
+			v, err := call(callCtx, key)
+			done <- answer{v, err}
+		}()
+		select {
+		case a = <-done:
+		case <-callCtx.Done():
+			a.err = fmt.Errorf("no answer within %s: %w", s.timeout, callCtx.Err())
+		}
+	default:
+		a.err = errStateBusy
 	}
 	if a.err != nil && !errors.Is(ctx.Err(), context.Canceled) {
 		// A caller that went away is not the engine's failure; a
