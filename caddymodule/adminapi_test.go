@@ -7,7 +7,10 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func adminRequest(t *testing.T, method, url string) (int, http.Header, map[string]any) {
@@ -89,5 +92,70 @@ route /b* {
 		if status != tc.status || v["error"] == nil {
 			t.Errorf("%s %s: %d %v, want %d with an error", tc.method, tc.query, status, v, tc.status)
 		}
+	}
+}
+
+// The admin endpoint reads the session table while the handler creates
+// sessions (initialize answered with a new Mcp-Session-Id): run with
+// -race, it reads nothing a new session is still being filled in with.
+// The upstream holds each initialize answer's body a moment after its
+// headers, the time during which the handler has begun the session and
+// still serves its initialize exchange.
+func TestAdminSessionsPolledWhileSessionsAreCreated(t *testing.T) {
+	var n atomic.Int64
+	_, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Mcp-Session-Id", fmt.Sprintf("admin-race-%d", n.Add(1)))
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		time.Sleep(time.Millisecond)
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"test","version":"1"}}}`)
+	})
+	c := startCaddy(t, fmt.Sprintf("mcp_serializer\nreverse_proxy %s", addr))
+	api := c.admin + "/mcp_serializer/sessions?limit=1000"
+
+	stop := make(chan struct{})
+	var polls sync.WaitGroup
+	var pollFailures atomic.Int64
+	polls.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			resp, err := http.Get(api)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				pollFailures.Add(1)
+			}
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+	})
+	const sessions = 200
+	var creators sync.WaitGroup
+	for w := range 4 {
+		creators.Go(func() {
+			for range sessions / 4 {
+				a := call(context.Background(), http.DefaultClient, http.MethodPost, c.url, "", initializeBody)
+				if a.err != nil || a.status != http.StatusOK {
+					t.Errorf("initialize from creator %d: %d %v", w, a.status, a.err)
+					return
+				}
+			}
+		})
+	}
+	creators.Wait()
+	close(stop)
+	polls.Wait()
+	if pollFailures.Load() > 0 {
+		t.Errorf("%d polls of the admin endpoint failed", pollFailures.Load())
+	}
+	status, _, v := adminRequest(t, http.MethodGet, api+"&state=initializing")
+	tables, _ := v["tables"].([]any)
+	if status != http.StatusOK || len(tables) != 1 || tables[0].(map[string]any)["matching"] != float64(sessions) {
+		t.Fatalf("after %d initializes: %d %v, want them all initializing", sessions, status, v)
 	}
 }

@@ -121,40 +121,5 @@ func (t *Table) Gated(id string) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.gate == gateInitializing
-}
-
-// Drop forgets session id at an operator's request and answers every
-// request waiting in it, queued or held at the gate, with
-// ErrSessionDropped. An exchange in flight is left to finish; the id's
-// next request starts afresh as an unknown session (queue only, no gate).
-// With a Store, the session's record goes too: otherwise the next request
-// would adopt the stuck gate again. It returns the number of requests
-// answered, and false if id was not tracked.
-func (t *Table) Drop(id string) (answered int, ok bool) {
-	t.mu.Lock()
-	s, ok := t.lru.Peek(id)
-	if ok {
-		t.lru.Remove(id)
-	}
-	t.mu.Unlock()
-	if !ok {
-		return 0, false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.dropped = true
-	s.record(opForget)
-	for _, w := range s.waiting {
-		w.err = ErrSessionDropped
-		close(w.ready)
-	}
-	answered = len(s.waiting)
-	clear(s.waiting)
-	s.waiting = nil
-	if s.gate == gateInitializing {
-		// Wakes GET streams at the gate; they see dropped.
-		s.openGate()
-	}
-	return answered, true
+	return s.awaitsInitialized()
 }

@@ -3,6 +3,8 @@ package serializer
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 )
@@ -204,4 +206,48 @@ func TestDropForgetsTheSharedRecord(t *testing.T) {
 		t.Fatalf("request after Drop: err=%v held=%v", err, turn.Held())
 	}
 	turn.Done(200)
+}
+
+// Inspect, polled by the admin endpoint, reads sessions while requests
+// create them, through Begin and through first-sight lookups with a
+// Store: every field it reads is filled in before a session is published.
+// Run with -race; the store's latency keeps each new session's lookup,
+// and Begin's Created, open while Inspect polls.
+func TestInspectWhileSessionsAreCreatedIsRaceFree(t *testing.T) {
+	store := newFakeStore()
+	store.latency = time.Millisecond
+	tabs, _ := newInstances(t, 1, store, nil)
+	tab := tabs[0]
+	stop := make(chan struct{})
+	var polls sync.WaitGroup
+	polls.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tab.Inspect(func(SessionStatus) {})
+		}
+	})
+	var creators sync.WaitGroup
+	creators.Go(func() {
+		for i := range 100 {
+			turn, _ := tab.Begin(fmt.Sprint("begun-", i), nil)
+			turn.Done(200)
+		}
+	})
+	creators.Go(func() {
+		for i := range 100 {
+			if turn, err := tab.Acquire(bg, fmt.Sprint("met-", i), 0); err == nil {
+				turn.Done(200)
+			}
+		}
+	})
+	creators.Wait()
+	close(stop)
+	polls.Wait()
+	if sum := tab.Inspect(nil); sum.Sessions != 200 {
+		t.Fatalf("Inspect counts %d sessions, want 200", sum.Sessions)
+	}
 }

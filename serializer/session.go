@@ -19,18 +19,6 @@ var (
 	ErrAlreadyInitialized = errors.New("session's notifications/initialized was already acknowledged")
 )
 
-type gateState uint8
-
-const (
-	gateOpen gateState = iota
-	// gateInitializing holds every message but one carrying
-	// notifications/initialized.
-	gateInitializing
-	// gateRejecting answers every message but one carrying
-	// notifications/initialized with ErrNotInitialized.
-	gateRejecting
-)
-
 // Session is one MCP session's queue and initialization gate.
 type Session struct {
 	table *Table
@@ -43,19 +31,14 @@ type Session struct {
 	created  time.Time
 
 	mu        sync.Mutex
-	inFlight  bool // a request holds the slot
-	streaming bool // and its response is an event stream
-	gate      gateState
-	waiting   []*waiter     // arrival order, held ones included
-	gateOpens chan struct{} // closed when the gate leaves gateInitializing
-	stopInit  func() bool   // cancels the init timeout
-	synth     func(context.Context) bool
-	dropped   bool // by an operator (Table.Drop): waiters get ErrSessionDropped
+	inFlight  bool      // a request holds the slot
+	streaming bool      // and its response is an event stream
+	waiting   []*waiter // arrival order, held ones included
+	initGate            // written in gate.go only
 
 	// With a Store only.
-	lookingUp bool      // the gate's state awaits the Store's answer
-	writes    []storeOp // Store writes not sent yet, in order
-	writing   bool      // a goroutine is sending writes
+	writes  []storeOp // Store writes not sent yet, in order
+	writing bool      // a goroutine is sending writes
 }
 
 // waiter is a request waiting for its turn.
@@ -106,9 +89,8 @@ func (t Turn) Done(status int) {
 	if t.begins {
 		s.record(opInitializeEnded)
 	}
-	if ok && t.traits.Has(CarriesInitialized) && s.gate != gateOpen {
-		s.openGate()
-		s.record(opOpened)
+	if ok && t.traits.Has(CarriesInitialized) {
+		s.initializedAcknowledged()
 	}
 	s.dispatch()
 	s.mu.Unlock()
@@ -140,11 +122,6 @@ func (s *Session) idle() bool {
 	return s.gate != gateInitializing
 }
 
-// admits reports whether the gate lets a request with these traits go.
-func (s *Session) admits(t Traits) bool {
-	return s.gate == gateOpen || t.Has(CarriesInitialized)
-}
-
 // canOvertake reports whether a request may run beside the in-flight one.
 func (s *Session) canOvertake(t Traits) bool {
 	return t.Has(RepliesOnly) && s.inFlight && s.streaming && s.gate == gateOpen
@@ -156,11 +133,7 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Tu
 		return Turn{}, err
 	}
 	s.mu.Lock()
-	if s.gate == gateInitializing && s.synth == nil && src != nil && !s.lookingUp && cfg.OnInitTimeout == Synthesize {
-		// An adopted session (or one adopted before a reload turned on
-		// synthesize): this request, still ours, can supply the sender.
-		s.synth = src.Synthesizer(s.id)
-	}
+	s.synthesizerOffered(src)
 	// dispatch keeps "slot free and an admitted request waiting" from ever
 	// lasting, so a free slot means nobody admitted is ahead of us.
 	switch {
@@ -279,103 +252,17 @@ func (s *Session) dispatch() {
 	}
 }
 
-// openGate lets held messages go. Caller holds s.mu.
-func (s *Session) openGate() {
-	if s.gate == gateInitializing {
-		close(s.gateOpens)
+// answerAll answers every waiting request with err and returns how many
+// there were. Caller holds s.mu.
+func (s *Session) answerAll(err error) int {
+	n := len(s.waiting)
+	for _, w := range s.waiting {
+		w.err = err
+		close(w.ready)
 	}
-	s.gateOpens = nil // waiters hold their own copy; an idle session keeps none
-	s.gate = gateOpen
-	if s.stopInit != nil {
-		s.stopInit()
-		s.stopInit = nil
-	}
-	s.synth = nil
-}
-
-// initExpired applies OnInitTimeout to a session still gated. With a
-// Store it first asks whether the gate opened on another instance.
-func (s *Session) initExpired() {
-	if store := s.table.config().Store; store != nil {
-		go s.confirmInitTimeout(store)
-		return
-	}
-	s.mu.Lock()
-	s.applyInitTimeout()
-	s.mu.Unlock()
-}
-
-// applyInitTimeout applies OnInitTimeout to a session still gated.
-// Caller holds s.mu.
-func (s *Session) applyInitTimeout() {
-	cfg := s.table.config()
-	if s.gate != gateInitializing {
-		return
-	}
-	s.stopInit = nil
-	cfg.Events.GateTimedOut(s.id, cfg.OnInitTimeout)
-	switch {
-	case cfg.OnInitTimeout == Reject:
-		s.gate = gateRejecting
-		close(s.gateOpens)
-		s.gateOpens = nil
-		s.dispatch()
-	case cfg.OnInitTimeout == Synthesize && s.synth != nil:
-		go s.synthesize(s.synth, cfg.QueueTimeout)
-	default:
-		s.openGate()
-		s.dispatch()
-	}
-}
-
-// synthesize sends notifications/initialized on the client's behalf. Its
-// turn opens the gate on a 2xx; on any failure the gate opens anyway, as
-// with Forward, so that nothing stays held.
-func (s *Session) synthesize(send func(context.Context) bool, timeout time.Duration) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	send(ctx)
-	s.mu.Lock()
-	if s.gate == gateInitializing {
-		s.openGate()
-		s.dispatch()
-	}
-	s.mu.Unlock()
-}
-
-// waitGate blocks until the gate is open, for requests that do not take
-// the slot (the GET stream).
-func (s *Session) waitGate(ctx context.Context) error {
-	cfg := s.table.config()
-	s.mu.Lock()
-	gate, opens, lookingUp := s.gate, s.gateOpens, s.lookingUp
-	s.mu.Unlock()
-	if gate == gateInitializing {
-		if !lookingUp {
-			cfg.Events.Held()
-		}
-		expired := make(chan struct{})
-		stop := s.table.clock.AfterFunc(cfg.QueueTimeout, func() { close(expired) })
-		defer stop()
-		select {
-		case <-opens:
-		case <-expired:
-			return ErrQueueTimeout
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		s.mu.Lock()
-		gate = s.gate
-		dropped := s.dropped
-		s.mu.Unlock()
-		if dropped {
-			return ErrSessionDropped
-		}
-	}
-	if gate == gateRejecting {
-		return ErrNotInitialized
-	}
-	return nil
+	clear(s.waiting)
+	s.waiting = nil
+	return n
 }
 
 // ID returns the session id. It is a credential: hash it before logging.

@@ -85,24 +85,14 @@ func lookupRecord(store Store, cfg *Config, id string) (Record, bool, error) {
 	return store.Lookup(ctx, id)
 }
 
-// startLookup makes s, just added for an id met first through a request,
-// hold its own slot and a closed gate until the store has answered, then
-// looks the id up. Caller holds s.table.mu; nobody else has s yet.
-func (s *Session) startLookup(store Store) {
-	s.refs.Add(1) // the lookup's: s must not be evicted meanwhile
-	s.inFlight = true
-	s.lookingUp = true
-	s.gate = gateInitializing
-	s.gateOpens = make(chan struct{})
-	go s.adopt(store)
-}
-
-// adopt settles the gate of s from the store's record, then frees the
-// slot startLookup took. While the record says the initialize exchange is
-// still in flight on another instance, the slot stays taken (so that not
-// even notifications/initialized overtakes it) and the record is read
-// again, with a short backoff, for at most half of QueueTimeout, so that
-// the requests waiting behind it are still served in time.
+// adopt settles the gate of s, a session met first through a request and
+// published holding its own slot and a closed gate (lookupStarted), from
+// the store's record, then frees that slot. While the record says the
+// initialize exchange is still in flight on another instance, the slot
+// stays taken (so that not even notifications/initialized overtakes it)
+// and the record is read again, with a short backoff, for at most half of
+// QueueTimeout, so that the requests waiting behind it are still served
+// in time.
 func (s *Session) adopt(store Store) {
 	defer s.unref()
 	clock := s.table.clock
@@ -111,11 +101,10 @@ func (s *Session) adopt(store Store) {
 	gated := err == nil && found && !rec.Open
 
 	s.mu.Lock()
-	s.lookingUp = false
 	if gated {
-		s.gateUntil(rec.InitDeadline)
+		s.recordSaysInitializing(rec.InitDeadline)
 	} else {
-		s.openGate()
+		s.recordSaysOpen()
 	}
 	s.mu.Unlock()
 	cfg.Events.Adopted(s.id, gated)
@@ -134,9 +123,7 @@ func (s *Session) adopt(store Store) {
 		if !found || rec.Open {
 			// Opened, ended or expired meanwhile: nothing to hold for.
 			s.mu.Lock()
-			if s.gate == gateInitializing {
-				s.openGate()
-			}
+			s.recordSaysOpen()
 			s.mu.Unlock()
 			break
 		}
@@ -146,53 +133,6 @@ func (s *Session) adopt(store Store) {
 	s.inFlight = false
 	s.dispatch()
 	s.mu.Unlock()
-}
-
-// gateUntil keeps the gate of an adopted session closed until deadline,
-// the creating instance's, then applies OnInitTimeout as a session begun
-// here would; at once if the deadline has passed. It takes the sender of
-// the Synthesize action from the first waiting request that can supply
-// one. Caller holds s.mu.
-func (s *Session) gateUntil(deadline time.Time) {
-	cfg := s.table.config()
-	if cfg.OnInitTimeout == Synthesize && s.synth == nil {
-		for _, w := range s.waiting {
-			if w.src == nil {
-				continue
-			}
-			if s.synth = w.src.Synthesizer(s.id); s.synth != nil {
-				break
-			}
-		}
-	}
-	left := deadline.Sub(s.table.clock.Now())
-	if left <= 0 {
-		// The record said initializing a moment ago: no need to ask again.
-		s.applyInitTimeout()
-		return
-	}
-	s.stopInit = s.table.clock.AfterFunc(left, s.initExpired)
-}
-
-// confirmInitTimeout runs when a session's init_timeout has passed, with a
-// Store: the client's notifications/initialized may have been acknowledged
-// on another instance (a front that hashes the session id sends the
-// follow-ups of a session created here elsewhere). Then the gate opens
-// here too, quietly; else OnInitTimeout applies as without a Store.
-func (s *Session) confirmInitTimeout(store Store) {
-	rec, found, err := lookupRecord(store, s.table.config(), s.id)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.gate != gateInitializing {
-		return
-	}
-	if err == nil && found && rec.Open {
-		s.stopInit = nil
-		s.openGate()
-		s.dispatch()
-		return
-	}
-	s.applyInitTimeout()
 }
 
 // sleep waits d on the table's clock; false if the table closed first.

@@ -149,13 +149,12 @@ func (t *Table) Begin(id string, synth func(context.Context) bool) (turn Turn, o
 		t.mu.Unlock()
 		return Turn{}, false
 	}
-	s := t.add(id)
+	// Filled in before it is published: Inspect may read it at once.
+	s := t.newSession(id)
 	s.refs.Add(1)
-	s.inFlight = true
-	s.gate = gateInitializing
-	s.gateOpens = make(chan struct{})
-	s.synth = synth
-	s.stopInit = t.clock.AfterFunc(cfg.InitTimeout, s.initExpired)
+	s.inFlight = true // the initialize exchange's
+	s.sessionBegun(synth, cfg.InitTimeout)
+	t.add(s)
 	t.mu.Unlock()
 	if cfg.Store != nil {
 		// Outside the table lock: other sessions must not wait on the
@@ -179,9 +178,18 @@ func (t *Table) ref(id string, create bool) *Session {
 		if !create {
 			return nil
 		}
-		s = t.add(id)
-		if store := t.config().Store; store != nil {
-			s.startLookup(store)
+		s = t.newSession(id)
+		store := t.config().Store
+		if store != nil {
+			// The lookup's own reference and slot: s must not be evicted
+			// meanwhile, and requests arriving in between queue.
+			s.refs.Add(1)
+			s.inFlight = true
+			s.lookupStarted()
+		}
+		t.add(s)
+		if store != nil {
+			go s.adopt(store)
 		}
 	}
 	s.refs.Add(1)
@@ -189,20 +197,23 @@ func (t *Table) ref(id string, create bool) *Session {
 	return s
 }
 
-// add inserts a new session, first evicting least recently used idle ones
+func (t *Table) newSession(id string) *Session {
+	s := &Session{table: t, id: id, created: t.clock.Now()}
+	s.lastUsed.Store(s.created.UnixNano())
+	return s
+}
+
+// add publishes a new session, first evicting least recently used idle ones
 // until there is room: more than one when the table grew past MaxSessions
 // while its sessions were busy. Caller holds t.mu.
-func (t *Table) add(id string) *Session {
+func (t *Table) add(s *Session) {
 	limit := t.config().MaxSessions
 	t.evictDownTo(limit - 1)
 	if t.lru.Len() >= limit {
 		// Every session is in use: grow rather than drop one with waiters.
 		t.lru.Resize(t.lru.Len() + 1)
 	}
-	s := &Session{table: t, id: id, created: t.clock.Now()}
-	s.lastUsed.Store(s.created.UnixNano())
-	t.lru.Add(id, s)
-	return s
+	t.lru.Add(s.id, s)
 }
 
 // evictDownTo evicts idle sessions until at most n are tracked or none
@@ -239,14 +250,27 @@ func (t *Table) drop(s *Session) {
 		t.lru.Remove(s.id)
 	}
 	t.mu.Unlock()
-	// A message still held would otherwise wait for a gate nobody opens.
-	s.mu.Lock()
-	s.record(opForget)
-	if s.gate == gateInitializing {
-		s.openGate()
-		s.dispatch()
+	s.endedUpstream()
+}
+
+// Drop forgets session id at an operator's request and answers every
+// request waiting in it, queued or held at the gate, with
+// ErrSessionDropped. An exchange in flight is left to finish; the id's
+// next request starts afresh as an unknown session (queue only, no gate).
+// With a Store, the session's record goes too: otherwise the next request
+// would adopt the stuck gate again. It returns the number of requests
+// answered, and false if id was not tracked.
+func (t *Table) Drop(id string) (answered int, ok bool) {
+	t.mu.Lock()
+	s, ok := t.lru.Peek(id)
+	if ok {
+		t.lru.Remove(id)
 	}
-	s.mu.Unlock()
+	t.mu.Unlock()
+	if !ok {
+		return 0, false
+	}
+	return s.droppedByOperator(), true
 }
 
 // Sweep forgets sessions idle for longer than SessionTTL and, with a
