@@ -36,6 +36,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    max_sessions    <sessions>
 //	    session_ttl     <duration>
 //	    max_body        <size>
+//	    max_buffered    <size>
 //	    get_stream      reject|forward
 //	    state           redis|storage [{ <engine settings> }]
 //	}
@@ -80,6 +81,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			var size uint64
 			size, err = humanize.ParseBytes(val)
 			h.MaxBody = int64(size)
+		case "max_buffered":
+			var size uint64
+			size, err = humanize.ParseBytes(val)
+			h.MaxBuffered = int64(size)
 		case "get_stream":
 			h.GetStream = val
 		default:

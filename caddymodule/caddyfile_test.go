@@ -66,6 +66,7 @@ func TestCaddyfileRejectsBadSettings(t *testing.T) {
 		{"max_queue lots", "max_queue"},
 		{"init_timeout soon", "init_timeout"},
 		{"max_body huge", "max_body"},
+		{"max_buffered plenty", "max_buffered"},
 		{"queue_timeout", "wrong argument count"},
 		{"max_queue 3 4", "max_queue takes one value"},
 		{"bogus 1", `unrecognized mcp_serializer setting "bogus"`},

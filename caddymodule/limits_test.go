@@ -2,15 +2,20 @@ package caddymodule
 
 import (
 	"bytes"
+	"encoding/json"
 	"hash/crc32"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
@@ -26,6 +31,8 @@ func newBareHandler(t testing.TB, maxBody int64) *Handler {
 	t.Cleanup(tab.Close)
 	return &Handler{
 		MaxBody:       maxBody,
+		MaxBuffered:   defaultMaxBuffered,
+		budget:        &bodyBudget{limit: defaultMaxBuffered},
 		GetStream:     getStreamForward,
 		onInitTimeout: cfg.OnInitTimeout,
 		table:         tab,
@@ -244,5 +251,171 @@ func TestChunkedBodyWithinLimitIsClassified(t *testing.T) {
 	}
 	if !bytes.Equal(got, body) {
 		t.Fatalf("next handler got %d bytes, want the %d sent", len(got), len(body))
+	}
+}
+
+// countingBody is a request body that records whether it was read.
+type countingBody struct {
+	io.Reader
+	reads int
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	b.reads++
+	return b.Reader.Read(p)
+}
+
+func (b *countingBody) Close() error { return nil }
+
+// Bodies held by requests waiting for their session's turn stay within
+// max_buffered: once it is full, the next POST is answered 503 with
+// Retry-After: 1 and a JSON-RPC error, its body unread and nothing
+// forwarded; the bytes come back as the requests end.
+func TestWaitingBodiesStayWithinMaxBuffered(t *testing.T) {
+	const maxBody, size = 1000, 1000
+	h := newBareHandler(t, maxBody)
+	h.MaxBuffered = 4 * size // the exchange in flight and three waiting
+	h.budget = &bodyBudget{limit: h.MaxBuffered}
+	const sid = "budget"
+	release, inFlight := make(chan struct{}), make(chan struct{}, 1)
+	var forwarded atomic.Int32
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		forwarded.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		inFlight <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusAccepted)
+		return nil
+	})
+	send := func(body io.ReadCloser, length int64) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		r.Body, r.ContentLength = body, length
+		r.Header.Set(sessionHeader, sid)
+		w := httptest.NewRecorder()
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			t.Error(err)
+		}
+		return w
+	}
+	var wg sync.WaitGroup
+	codes := make(chan int, 4)
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes <- send(&patternBody{n: size}, size).Code
+		}()
+		if i == 0 {
+			<-inFlight // the exchange the others wait behind
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); h.budget.held.Load() != 4*size; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes held, want %d: the waiting requests did not take their share", h.budget.held.Load(), 4*size)
+		}
+	}
+
+	refusals := metrics.rejections.WithLabelValues("body_budget")
+	before := testutil.ToFloat64(refusals)
+	body := &countingBody{Reader: &patternBody{n: size}}
+	answered := make(chan *httptest.ResponseRecorder, 1)
+	go func() { answered <- send(body, size) }()
+	var w *httptest.ResponseRecorder
+	select {
+	case w = <-answered:
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("a POST beyond max_buffered was taken in to wait")
+	}
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("beyond max_buffered: status %d, Retry-After %q; want 503, 1", w.Code, w.Header().Get("Retry-After"))
+	}
+	var e errorReply
+	if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.JSONRPC != "2.0" || string(e.ID) != "null" ||
+		e.Error.Code != codeServerError || !strings.Contains(e.Error.Message, "max_buffered") {
+		t.Fatalf("beyond max_buffered: answer %s, want a JSON-RPC error -32000 naming max_buffered (%v)", w.Body.Bytes(), err)
+	}
+	if body.reads != 0 || forwarded.Load() != 1 {
+		t.Fatalf("beyond max_buffered: body read %d times, %d requests forwarded; want unread, only the first", body.reads, forwarded.Load())
+	}
+	if got := testutil.ToFloat64(refusals) - before; got != 1 {
+		t.Fatalf("rejections_total{reason=body_budget} rose by %v, want 1", got)
+	}
+
+	close(release)
+	go func() {
+		for range inFlight {
+		}
+	}()
+	wg.Wait()
+	close(codes)
+	for code := range codes {
+		if code != http.StatusAccepted {
+			t.Errorf("a request within max_buffered was answered %d, want 202", code)
+		}
+	}
+	if held := h.budget.held.Load(); held != 0 {
+		t.Fatalf("%d bytes still held after every request ended, want 0", held)
+	}
+	if w := send(&patternBody{n: size}, size); w.Code != http.StatusAccepted {
+		t.Fatalf("after the budget was given back: status %d, want 202", w.Code)
+	}
+	close(inFlight)
+}
+
+// A body of unknown length takes max_body+1 bytes of max_buffered until
+// it is read, then what it holds: here one first block.
+func TestBodyOfUnknownLengthCountsForWhatItHolds(t *testing.T) {
+	const maxBody = 64 << 10
+	h := newBareHandler(t, maxBody)
+	h.budget = &bodyBudget{limit: maxBody + 1}
+	var during int64
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		during = h.budget.held.Load()
+		w.WriteHeader(http.StatusAccepted)
+		return nil
+	})
+	post := func(length int64) int {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		r.Body, r.ContentLength = &patternBody{n: 300}, length
+		r.Header.Set(sessionHeader, "unknown-length")
+		w := httptest.NewRecorder()
+		_ = h.ServeHTTP(w, r, next)
+		return w.Code
+	}
+	if code := post(-1); code != http.StatusAccepted || during != firstBlock {
+		t.Fatalf("chunked 300-byte body: status %d, %d bytes held while forwarded; want 202, %d", code, during, firstBlock)
+	}
+	h.budget.held.Store(1) // max_body+1 no longer fits, 300 bytes do
+	if code := post(-1); code != http.StatusServiceUnavailable {
+		t.Fatalf("chunked body with max_body bytes left: status %d, want 503", code)
+	}
+	if code := post(300); code != http.StatusAccepted || during != 301 {
+		t.Fatalf("300-byte body of known length: status %d, %d bytes held; want 202, 301", code, during)
+	}
+	if held := h.budget.held.Load(); held != 1 {
+		t.Fatalf("%d bytes held after the requests, want the 1 left there", held)
+	}
+}
+
+func TestMaxBufferedDefaultsAndMustExceedMaxBody(t *testing.T) {
+	for _, tc := range []struct {
+		maxBody, maxBuffered, want int64 // want 0: refused
+	}{
+		{0, 0, defaultMaxBuffered},
+		{100 << 20, 0, 100<<20 + 1},
+		{0, 2 << 20, 2 << 20},
+		{1 << 20, 1<<20 + 1, 1<<20 + 1},
+		{1 << 20, 1 << 20, 0},
+		{0, -1, 0},
+	} {
+		h := &Handler{MaxBody: tc.maxBody, MaxBuffered: tc.maxBuffered}
+		_, err := h.config()
+		switch {
+		case tc.want == 0 && (err == nil || !strings.Contains(err.Error(), "max_buffered")):
+			t.Errorf("max_body %d, max_buffered %d: err = %v, want one naming max_buffered", tc.maxBody, tc.maxBuffered, err)
+		case tc.want != 0 && (err != nil || h.MaxBuffered != tc.want || h.budget.limit != tc.want):
+			t.Errorf("max_body %d, max_buffered %d: got %d (budget %v), err %v; want %d", tc.maxBody, tc.maxBuffered, h.MaxBuffered, h.budget, err, tc.want)
+		}
 	}
 }

@@ -58,6 +58,13 @@ type Handler struct {
 	// Bytes of a POST body read to classify it; larger bodies are
 	// streamed through as ordinary messages. Default: 1 MiB.
 	MaxBody int64 `json:"max_body,omitempty"`
+	// Bytes of request bodies this handler holds at once, over every POST
+	// in a session waiting for its turn or being served: each body is held
+	// until its request ends. A POST that does not fit is answered 503 with
+	// Retry-After: 1, its body unread. A body counts for its Content-Length,
+	// or for max_body+1 bytes until its end shows its size. Default: 64 MiB
+	// (max_body+1 if that is more); it must be more than max_body.
+	MaxBuffered int64 `json:"max_buffered,omitempty"`
 	// What to do with the server-to-client GET stream: reject with 405, or
 	// forward it (after the gate opens) to a backend whose GET stream does
 	// not write session state. Default: reject.
@@ -68,6 +75,7 @@ type Handler struct {
 	// this instance only.
 	StateRaw json.RawMessage `json:"state,omitempty" caddy:"namespace=http.handlers.mcp_serializer.state inline_key=module"`
 
+	budget        *bodyBudget // max_buffered and what is held of it
 	onInitTimeout serializer.TimeoutAction
 	table         *serializer.Table
 	poolKey       string
@@ -196,6 +204,14 @@ func (h *Handler) config() (serializer.Config, error) {
 	case h.MaxBody < 0:
 		return cfg, fmt.Errorf("max_body must be positive, got %d", h.MaxBody)
 	}
+	switch {
+	case h.MaxBuffered == 0:
+		h.MaxBuffered = max(defaultMaxBuffered, h.MaxBody+1)
+	case h.MaxBuffered <= h.MaxBody:
+		return cfg, fmt.Errorf("max_buffered must be more than max_body (%d bytes), got %d: a body of unknown length counts for max_body+1 bytes",
+			h.MaxBody, h.MaxBuffered)
+	}
+	h.budget = &bodyBudget{limit: h.MaxBuffered}
 	switch h.GetStream {
 	case "":
 		h.GetStream = getStreamReject

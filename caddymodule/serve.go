@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -47,12 +48,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case http.MethodDelete:
 		return h.serveInTurn(w, r, next, info, serializer.EndsSession, nil)
 	case http.MethodPost:
-		traits, reqID, method, err := h.readBody(r)
+		body, err := h.readBody(r)
+		defer h.budget.release(body.held) // the body lives until the request ends
 		if err != nil {
 			return h.rejectBody(w, r, err)
 		}
-		info.method = method
-		return h.serveInTurn(w, r, next, info, traits, reqID)
+		info.method = body.method
+		return h.serveInTurn(w, r, next, info, body.traits, body.id)
 	}
 	return h.serveInTurn(w, r, next, info, 0, nil)
 }
@@ -157,37 +159,95 @@ var errBodyTooLarge *http.MaxBytesError
 
 // readBody reads the POST body (up to MaxBody) to classify it, then hands
 // the upstream the same bytes with an exact Content-Length: php-fpm needs
-// one. A larger body is not parsed and streams through as it came.
-func (h *Handler) readBody(r *http.Request) (serializer.Traits, []byte, serializer.Method, error) {
+// one. A larger body is not parsed and streams through as it came. The
+// bytes it holds count against max_buffered (held): the caller gives them
+// back when the request ends, even on error. A body that does not fit is
+// not read (errBodyBudget).
+func (h *Handler) readBody(r *http.Request) (classifiedBody, error) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > h.MaxBody {
-		return 0, nil, serializer.Method{}, nil
+		return classifiedBody{}, nil
 	}
 	sized := r.ContentLength >= 0
 	want := r.ContentLength
 	if !sized {
 		want = h.MaxBody + 1 // one byte more tells an oversized body
 	}
+	if !h.budget.reserve(want) {
+		return classifiedBody{}, errBodyBudget
+	}
 	buf, err := readUpTo(r.Body, want)
+	body := classifiedBody{held: h.budget.shrink(want, int64(cap(buf)))}
 	if !sized && (err == io.EOF || err == io.ErrUnexpectedEOF) {
 		err = nil // the end of a body of unknown length
 	}
 	if err != nil {
-		return 0, nil, serializer.Method{}, err
+		return body, err
 	}
 	if int64(len(buf)) > h.MaxBody {
 		r.Body = struct {
 			io.Reader
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
-		return 0, nil, serializer.Method{}, nil
+		return body, nil
 	}
 	r.Body = io.NopCloser(bytes.NewReader(buf))
 	r.ContentLength = int64(len(buf))
 	r.TransferEncoding = nil
 	r.Header.Del("Transfer-Encoding")
 	r.Header.Set("Content-Length", strconv.Itoa(len(buf)))
-	traits, reqID, method := serializer.Classify(buf)
-	return traits, reqID, method, nil
+	body.traits, body.id, body.method = serializer.Classify(buf)
+	return body, nil
+}
+
+// classifiedBody is what readBody learned of a body; id and method alias the
+// body, which the request keeps.
+type classifiedBody struct {
+	traits serializer.Traits
+	id     []byte // of a single request, for a local error reply
+	method serializer.Method
+	held   int64 // bytes of max_buffered taken, to give back
+}
+
+// errBodyBudget refuses a body that would take more than what is left of
+// max_buffered.
+var errBodyBudget = errors.New("request bodies held here would exceed max_buffered")
+
+// defaultMaxBuffered is max_buffered's default: 64 bodies of the default
+// max_body.
+const defaultMaxBuffered = 64 << 20
+
+// bodyBudget bounds the bytes of request bodies a handler holds at once:
+// each waiting request keeps the body it was classified by, and without a
+// bound across sessions waiting requests pin memory without end.
+type bodyBudget struct {
+	limit int64
+	held  atomic.Int64
+}
+
+// reserve takes n bytes if they fit, in O(1). Near the limit, concurrent
+// reservations may refuse one another; the bytes they take together never
+// exceed it.
+func (b *bodyBudget) reserve(n int64) bool {
+	if b.held.Add(n) > b.limit {
+		b.held.Add(-n)
+		return false
+	}
+	return true
+}
+
+// shrink turns a reservation of reserved bytes into one of used (no more)
+// and returns it.
+func (b *bodyBudget) shrink(reserved, used int64) int64 {
+	if used < reserved {
+		b.held.Add(used - reserved)
+	}
+	return used
+}
+
+func (b *bodyBudget) release(n int64) {
+	if n != 0 {
+		b.held.Add(-n)
+	}
 }
 
 // firstBlock is what reading a body costs before the body has shown that
@@ -214,6 +274,11 @@ func readUpTo(r io.Reader, want int64) ([]byte, error) {
 
 // rejectBody answers a body that could not be read; nothing was forwarded.
 func (h *Handler) rejectBody(w http.ResponseWriter, r *http.Request, err error) error {
+	if errors.Is(err, errBodyBudget) {
+		w.Header().Set("Retry-After", "1")
+		return h.reject(w, r, "body_budget", http.StatusServiceUnavailable, codeServerError,
+			"too many request bodies held here waiting for their turn (max_buffered); retry shortly", nil)
+	}
 	if errors.As(err, &errBodyTooLarge) {
 		return h.reject(w, r, "body_too_large", http.StatusRequestEntityTooLarge, codeInvalidRequest,
 			"request body too large", nil)
