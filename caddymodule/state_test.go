@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -25,6 +26,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -950,6 +952,160 @@ func TestStorageSweeperRemovesExpiredRecordsOneInstanceAtATime(t *testing.T) {
 	clock.Advance(interval)
 	if removed, err := b.sweep(ctx, interval); err != nil || removed != 2 {
 		t.Fatalf("the next round = %d, %v; want expired2 and the now expired live record removed", removed, err)
+	}
+}
+
+// hookedStorage is Caddy's file storage with hooks on List and Load.
+type hookedStorage struct {
+	certmagic.Storage
+	onList func()
+	onLoad func(key string) // after the load, before its answer returns
+}
+
+func (h *hookedStorage) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
+	if h.onList != nil {
+		h.onList()
+	}
+	return h.Storage.List(ctx, prefix, recursive)
+}
+
+func (h *hookedStorage) Load(ctx context.Context, key string) ([]byte, error) {
+	data, err := h.Storage.Load(ctx, key)
+	if h.onLoad != nil {
+		h.onLoad(key)
+	}
+	return data, err
+}
+
+// newStorageState starts a storage engine on storage, without Caddy, on
+// clock (nil: the system's), stopped when the test ends.
+func newStorageState(t *testing.T, storage certmagic.Storage, logger *zap.Logger, clock *testClock) *StorageState {
+	t.Helper()
+	s := &StorageState{Timeout: caddy.Duration(5 * time.Second), SweepInterval: caddy.Duration(time.Hour)}
+	if clock != nil {
+		s.now = clock.Now
+	}
+	s.start(storage, logger)
+	t.Cleanup(func() { s.Cleanup() })
+	return s
+}
+
+// A storage that hangs, ignoring its context, must not hold a reload up:
+// Cleanup gives up on the sweeper after the call timeout, and says so.
+func TestStorageCleanupDoesNotWaitForASweeperHungOnTheStorage(t *testing.T) {
+	listing, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	storage := &hookedStorage{
+		Storage: &certmagic.FileStorage{Path: t.TempDir()},
+		onList: func() {
+			once.Do(func() { close(listing) })
+			<-release
+		},
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	s := &StorageState{Timeout: caddy.Duration(50 * time.Millisecond), SweepInterval: caddy.Duration(time.Millisecond)}
+	s.start(storage, zap.New(core))
+	defer func() {
+		close(release)
+		<-s.sweeperDone
+	}()
+	select {
+	case <-listing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sweeper did not list the records within 10s")
+	}
+	cleaned := make(chan error, 1)
+	go func() { cleaned <- s.Cleanup() }()
+	select {
+	case <-cleaned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Cleanup still waiting 10s for a sweeper hung on the storage (timeout 50ms)")
+	}
+	if logs.FilterMessageSnippet("sweeper").Len() != 1 {
+		t.Fatalf("no WARN line tells of the sweeper left running: %v", logs.All())
+	}
+}
+
+// An instance touching a record after the sweeper read it as expired
+// keeps it: the sweeper reads it again before deleting.
+func TestStorageSweeperKeepsARecordTouchedAfterItWasRead(t *testing.T) {
+	clock := newTestClock()
+	storage := &hookedStorage{Storage: &certmagic.FileStorage{Path: t.TempDir()}}
+	s := newStorageState(t, storage, zap.NewNop(), clock)
+	ctx := context.Background()
+	const ttl = time.Minute
+	if err := s.Created(ctx, "s", clock.Now(), ttl); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * ttl)
+	touched := false
+	storage.onLoad = func(key string) {
+		if !touched && key == path.Join(recordDir("s"), factTouched) {
+			touched = true // once: Touch reads too
+			if err := s.Touch(ctx, "s", ttl); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	if removed, err := s.sweep(ctx, time.Hour); err != nil || removed != 0 {
+		t.Fatalf("sweep = %d, %v; want the touched record kept", removed, err)
+	}
+	if !touched {
+		t.Fatal("the sweeper never read the touched fact")
+	}
+	if _, found, err := s.Lookup(ctx, "s"); err != nil || !found {
+		t.Fatalf("Lookup after the sweep = %v, %v; want the touched record", found, err)
+	}
+}
+
+// A fact file that cannot be parsed keeps its record for
+// unreadableFactAge after it last changed, then the record goes, with a
+// WARN.
+func TestStorageSweeperRemovesRecordsWithUnparsableFactsOnceTheyAreOld(t *testing.T) {
+	clock := newTestClock()
+	storage := &certmagic.FileStorage{Path: t.TempDir()}
+	core, logs := observer.New(zap.WarnLevel)
+	s := newStorageState(t, storage, zap.New(core), clock)
+	ctx := context.Background()
+	const ttl, interval = time.Minute, time.Minute
+	write := func(key, fact, content string) {
+		t.Helper()
+		if err := storage.Store(ctx, path.Join(recordDir(key), fact), []byte(content)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("unreadable", factCreated, "{not json")
+	if err := s.Created(ctx, "half", clock.Now(), ttl); err != nil {
+		t.Fatal(err)
+	}
+	write("half", factTouched, "")
+	if err := s.Created(ctx, "live", clock.Now(), 2*unreadableFactAge); err != nil {
+		t.Fatal(err)
+	}
+	exists := func(key string) bool { return storage.Exists(ctx, recordDir(key)) }
+
+	clock.Advance(2 * ttl) // half's readable fact has expired; its file is new
+	if removed, err := s.sweep(ctx, interval); err != nil || removed != 0 {
+		t.Fatalf("sweep with new unparsable facts = %d, %v; want none removed", removed, err)
+	}
+	if !exists("unreadable") || !exists("half") {
+		t.Fatal("a record with a fact changed just now was removed")
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("WARN with nothing removed: %v", logs.All())
+	}
+
+	clock.Advance(unreadableFactAge)
+	if removed, err := s.sweep(ctx, interval); err != nil || removed != 2 {
+		t.Fatalf("sweep = %d, %v; want the two records with old unparsable facts removed", removed, err)
+	}
+	if exists("unreadable") || exists("half") || !exists("live") {
+		t.Fatalf("after the sweep: unreadable there %v, half there %v, live there %v",
+			exists("unreadable"), exists("half"), exists("live"))
+	}
+	warns := logs.All()
+	if len(warns) != 1 || warns[0].ContextMap()["removed"] != int64(2) {
+		t.Fatalf("WARN lines = %v; want one telling of 2 records removed", warns)
 	}
 }
 

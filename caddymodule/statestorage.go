@@ -25,6 +25,12 @@ const (
 	defaultStorageTimeout       = time.Second
 	defaultStorageSweepInterval = 10 * time.Minute
 
+	// unreadableFactAge is how long a fact file that cannot be parsed
+	// keeps its record from the sweeper, counted from its last change:
+	// longer than any write in progress takes, and a record with such a
+	// fact is unknown to every lookup already.
+	unreadableFactAge = time.Hour
+
 	storageSessions  = "mcp_serializer/sessions"
 	storageLastSweep = "mcp_serializer/last_sweep"
 	storageSweepLock = "mcp_serializer_sweep"
@@ -60,6 +66,8 @@ type StorageState struct {
 
 	stopSweeper context.CancelFunc
 	sweeperDone chan struct{}
+	// unreadableWarns spaces the WARN lines of records removed unread.
+	unreadableWarns *warnLimiter
 }
 
 // CaddyModule returns the Caddy module information.
@@ -85,26 +93,40 @@ func (s *StorageState) Provision(ctx caddy.Context) error {
 	case s.SweepInterval == 0:
 		s.SweepInterval = caddy.Duration(defaultStorageSweepInterval)
 	}
-	s.storage = ctx.Storage()
-	if s.storage == nil {
+	if ctx.Storage() == nil {
 		return errors.New("no storage configured")
 	}
-	s.logger = ctx.Logger()
+	s.start(ctx.Storage(), ctx.Logger())
+	return nil
+}
+
+// start takes the storage and starts the sweeper.
+func (s *StorageState) start(storage certmagic.Storage, logger *zap.Logger) {
+	s.storage, s.logger = storage, logger
+	s.unreadableWarns = new(warnLimiter)
 	if s.now == nil {
 		s.now = time.Now
 	}
 	sweepCtx, stop := context.WithCancel(context.Background())
 	s.stopSweeper, s.sweeperDone = stop, make(chan struct{})
 	go s.sweepEvery(sweepCtx, time.Duration(s.SweepInterval))
-	return nil
 }
 
-// Cleanup stops the sweeper and waits for it; a sweep in progress stops
-// at its next storage call.
+// Cleanup stops the sweeper and waits for it, at most the call timeout: a
+// sweep in progress stops at its next storage call, but a hung storage
+// would hold a reload up for as long as it hangs.
 func (s *StorageState) Cleanup() error {
-	if s.stopSweeper != nil {
-		s.stopSweeper()
-		<-s.sweeperDone
+	if s.stopSweeper == nil {
+		return nil
+	}
+	s.stopSweeper()
+	wait := time.NewTimer(time.Duration(s.Timeout))
+	defer wait.Stop()
+	select {
+	case <-s.sweeperDone:
+	case <-wait.C:
+		s.logger.Warn("the sweeper of shared session records did not stop: its storage call has not returned; left to finish on its own",
+			zap.Duration("waited", time.Duration(s.Timeout)))
 	}
 	return nil
 }
@@ -173,7 +195,7 @@ func (s *StorageState) Forget(ctx context.Context, key string) error {
 
 // Lookup reads the record's facts; an expired record is not found.
 func (s *StorageState) Lookup(ctx context.Context, key string) (serializer.Record, bool, error) {
-	facts, err := s.facts(ctx, recordDir(key), true)
+	facts, err := s.facts(ctx, recordDir(key))
 	if err != nil {
 		return serializer.Record{}, false, err
 	}
@@ -210,15 +232,14 @@ func (f recordFacts) expires() time.Time {
 	return t
 }
 
-// facts loads the facts present in a record's directory. A lookup stops
-// at a missing "created" (no record); the sweeper reads on, for the
-// expiry of orphan facts.
-func (s *StorageState) facts(ctx context.Context, dir string, needCreated bool) (recordFacts, error) {
+// facts loads the facts present in a record's directory, stopping at a
+// missing "created" (no record).
+func (s *StorageState) facts(ctx context.Context, dir string) (recordFacts, error) {
 	facts := recordFacts{}
 	for _, name := range []string{factCreated, factEnded, factOpen, factTouched} {
 		data, err := s.storage.Load(ctx, path.Join(dir, name))
 		if errors.Is(err, fs.ErrNotExist) {
-			if name == factCreated && needCreated {
+			if name == factCreated {
 				return facts, nil
 			}
 			continue
@@ -286,25 +307,86 @@ func (s *StorageState) sweep(ctx context.Context, interval time.Duration) (remov
 	if err != nil {
 		return 0, err
 	}
+	unread := 0
+	defer func() {
+		if unread == 0 {
+			return
+		}
+		if ok, suppressed := s.unreadableWarns.allow(s.now()); ok {
+			s.logger.Warn("removed shared session records whose facts could not be parsed",
+				zap.Int("removed", unread), zap.Duration("unchanged_for", unreadableFactAge),
+				zap.Int("suppressed", suppressed))
+		}
+	}()
 	for _, dir := range dirs {
 		if ctx.Err() != nil {
 			return removed, ctx.Err()
 		}
-		facts, err := s.facts(ctx, dir, false)
-		if err != nil {
-			s.logger.Debug("reading a shared session record", zap.String("key", dir), zap.Error(err))
+		if expired, _ := s.expired(ctx, dir); !expired {
 			continue
 		}
-		if facts.expires().After(now) {
+		// Read again just before deleting: another instance may have
+		// written a fact since. (A write between this and the delete is
+		// still lost; the storage offers no lock per record.)
+		expired, unreadable := s.expired(ctx, dir)
+		if !expired {
 			continue
 		}
 		if err := s.storage.Delete(ctx, dir); err != nil {
 			return removed, err
 		}
 		removed++
+		if unreadable {
+			unread++
+		}
 	}
 	stamp, _ := now.MarshalText()
 	return removed, s.storage.Store(ctx, storageLastSweep, stamp)
+}
+
+// expired reports whether the record in dir has expired, and whether a
+// fact of it could not be parsed: such a fact counts as expiring
+// unreadableFactAge after the file last changed. A record that cannot be
+// judged (a storage error, an unparsable fact of unknown age) is not
+// expired.
+func (s *StorageState) expired(ctx context.Context, dir string) (expired, unreadable bool) {
+	facts := recordFacts{}
+	var latestUnreadable time.Time
+	for _, name := range []string{factCreated, factEnded, factOpen, factTouched} {
+		file := path.Join(dir, name)
+		data, err := s.storage.Load(ctx, file)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			s.logger.Debug("reading a shared session record", zap.String("key", dir), zap.Error(err))
+			return false, false
+		}
+		var f storedFact
+		if json.Unmarshal(data, &f) == nil {
+			facts[name] = f
+			continue
+		}
+		unreadable = true
+		info, err := s.storage.Stat(ctx, file)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil || info.Modified.IsZero() {
+			s.logger.Debug("a shared session record has a malformed fact of unknown age",
+				zap.String("key", dir), zap.String("fact", name), zap.Error(err))
+			return false, true
+		}
+		latestUnreadable = latest(latestUnreadable, info.Modified.Add(unreadableFactAge))
+	}
+	return !latest(facts.expires(), latestUnreadable).After(s.now()), unreadable
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // UnmarshalCaddyfile sets up the engine from the tokens that follow
