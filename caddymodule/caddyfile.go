@@ -90,12 +90,21 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized mcp_serializer setting %q", setting)
 		}
-		if err != nil {
-			return d.Errf("%s: %v", setting, err)
+		if err := endSetting(d, setting, err); err != nil {
+			return err
 		}
-		if d.NextArg() {
-			return d.Errf("%s takes one value", setting)
-		}
+	}
+	return nil
+}
+
+// endSetting ends the line of a setting in a block, the handler's or an
+// engine's: the value's parse error, named by its setting, or values left.
+func endSetting(d *caddyfile.Dispenser, setting string, err error) error {
+	if err != nil {
+		return d.Errf("%s: %v", setting, err)
+	}
+	if d.NextArg() {
+		return d.Errf("%s: too many values", setting)
 	}
 	return nil
 }

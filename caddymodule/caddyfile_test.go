@@ -68,7 +68,7 @@ func TestCaddyfileRejectsBadSettings(t *testing.T) {
 		{"max_body huge", "max_body"},
 		{"max_buffered plenty", "max_buffered"},
 		{"queue_timeout", "wrong argument count"},
-		{"max_queue 3 4", "max_queue takes one value"},
+		{"max_queue 3 4", "max_queue: too many values"},
 		{"bogus 1", `unrecognized mcp_serializer setting "bogus"`},
 		{"state", "wrong argument count"},
 		{"state memcached", "http.handlers.mcp_serializer.state.memcached"},

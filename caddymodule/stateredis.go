@@ -353,11 +353,8 @@ func (r *RedisState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("unrecognized redis state setting %q", setting)
 			}
 		}
-		if err != nil {
-			return d.Errf("%s: %v", setting, err)
-		}
-		if d.NextArg() {
-			return d.Errf("%s: too many values", setting)
+		if err := endSetting(d, setting, err); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -418,11 +418,8 @@ func (s *StorageState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized storage state setting %q", setting)
 		}
-		if err != nil {
-			return d.Errf("%s: %v", setting, err)
-		}
-		if d.NextArg() {
-			return d.Errf("%s: too many values", setting)
+		if err := endSetting(d, setting, err); err != nil {
+			return err
 		}
 	}
 	return nil
