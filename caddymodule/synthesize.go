@@ -22,10 +22,6 @@ var initializedNotification = []byte(`{"jsonrpc":"2.0","method":"notifications/i
 // action's rule (acquire).
 type synthesizedKey struct{}
 
-// errAlreadyInitialized answers a synthesized notification whose session's
-// gate opened while it waited: the client's own was acknowledged.
-var errAlreadyInitialized = errors.New("the client's notifications/initialized was acknowledged first")
-
 // synthesizer returns the function the on_init_timeout synthesize action
 // calls: it sends notifications/initialized as the client would have,
 // with the initialize request's headers, to the same URL, through the
@@ -73,8 +69,8 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 		rec := &statusRecorder{header: http.Header{}}
 		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, srv)
 		err = srv.Routes.Compile(routeEnd).ServeHTTP(rec, req)
-		if errors.Is(err, errAlreadyInitialized) {
-			return true
+		if errors.Is(err, serializer.ErrAlreadyInitialized) {
+			return true // the client's own was acknowledged while it waited
 		}
 		status := statusOf(rec.status, err)
 		h.logger.Warn("sent notifications/initialized on the client's behalf (on_init_timeout synthesize)",
@@ -86,14 +82,11 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 // acquire waits for a request's turn in its session. The notification
 // the synthesize action sends is not needed once the client's own has
 // been acknowledged, which may happen while it waits for its turn: it
-// is then not forwarded, and its sender hears errAlreadyInitialized.
+// is then not forwarded, and the error (serializer.ErrAlreadyInitialized)
+// goes back up the route to its sender.
 func (h *Handler) acquire(r *http.Request, id string, traits serializer.Traits, src serializer.SynthSource) (serializer.Turn, error) {
 	if traits.Has(serializer.CarriesInitialized) && r.Context().Value(synthesizedKey{}) != nil {
-		turn, err := h.table.AcquireSynthesized(r.Context(), id)
-		if errors.Is(err, serializer.ErrAlreadyInitialized) {
-			return serializer.Turn{}, errAlreadyInitialized
-		}
-		return turn, err
+		return h.table.AcquireSynthesized(r.Context(), id)
 	}
 	return h.table.AcquireFrom(r.Context(), id, traits, src)
 }
