@@ -143,7 +143,7 @@ reverse_proxy %s`, maxSessions, addr))
 }
 
 // scrapeSessions reads the tracked-sessions gauge and the evictions
-// counter from Caddy's metrics.
+// counter, summed over its gate label, from Caddy's metrics.
 func scrapeSessions(t *testing.T, c *testCaddy) (tracked, evicted float64) {
 	t.Helper()
 	resp, err := http.Get(c.url + "/metrics")
@@ -151,7 +151,8 @@ func scrapeSessions(t *testing.T, c *testCaddy) (tracked, evicted float64) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	tracked, evicted = -1, -1
+	tracked = -1
+	evictionSeries := 0
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		name, value, _ := strings.Cut(sc.Text(), " ")
@@ -159,14 +160,16 @@ func scrapeSessions(t *testing.T, c *testCaddy) (tracked, evicted float64) {
 		if err != nil {
 			continue
 		}
+		name, _, _ = strings.Cut(name, "{")
 		switch name {
 		case "caddy_mcp_serializer_sessions":
 			tracked = v
 		case "caddy_mcp_serializer_evictions_total":
-			evicted = v
+			evicted += v
+			evictionSeries++
 		}
 	}
-	if tracked < 0 || evicted < 0 {
+	if tracked < 0 || evictionSeries == 0 {
 		t.Fatal("metrics lack caddy_mcp_serializer_sessions or caddy_mcp_serializer_evictions_total")
 	}
 	return tracked, evicted

@@ -23,7 +23,9 @@ var metrics = struct {
 	bypasses    *prometheus.CounterVec
 	sessionless prometheus.Counter // bypasses{kind="sessionless"}, looked up once
 	overtakes   prometheus.Counter // bypasses{kind="overtake"}
-	evictions   prometheus.Counter
+	evictions   *prometheus.CounterVec
+	evictedOpen prometheus.Counter // evictions{gate="open"}
+	evictedInit prometheus.Counter // evictions{gate="initializing"}
 	stateErrors *prometheus.CounterVec
 }{}
 
@@ -56,10 +58,12 @@ func init() {
 	}, []string{"kind"})
 	metrics.sessionless = metrics.bypasses.WithLabelValues("sessionless")
 	metrics.overtakes = metrics.bypasses.WithLabelValues("overtake")
-	metrics.evictions = prometheus.NewCounter(prometheus.CounterOpts{
+	metrics.evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "evictions_total",
-		Help: "Idle sessions forgotten to stay within max_sessions.",
-	})
+		Help: "Idle sessions forgotten to stay within max_sessions, by gate: open, or initializing (the client never sent notifications/initialized; evicted, oldest first, only when no idle open session was left).",
+	}, []string{"gate"})
+	metrics.evictedOpen = metrics.evictions.WithLabelValues("open")
+	metrics.evictedInit = metrics.evictions.WithLabelValues("initializing")
 	metrics.stateErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "state_errors_total",
 		Help: "Calls to the shared session state engine that failed or timed out, by operation.",
@@ -130,7 +134,13 @@ func (e events) GateTimedOut(id string, action serializer.TimeoutAction) {
 		zap.Int("suppressed", suppressed))
 }
 
-func (events) Evicted() { metrics.evictions.Inc() }
+func (events) Evicted(gated bool) {
+	if gated {
+		metrics.evictedInit.Inc()
+	} else {
+		metrics.evictedOpen.Inc()
+	}
+}
 
 func (e events) Adopted(id string, gated bool) {
 	if c := e.logger.Check(zapcore.DebugLevel, "session met first here, looked up in shared state"); c != nil {

@@ -183,3 +183,35 @@ func BenchmarkValid(b *testing.B) {
 		})
 	}
 }
+
+// A flood of initializes that never send notifications/initialized, with
+// max_sessions 1000: the cost of one more initialize (Begin, then its
+// exchange's end) once gated initializes have come before it. It must
+// not grow with their number: each evicts the oldest gated session.
+func BenchmarkNewSessionWhileTableFullOfGated(b *testing.B) {
+	for _, gated := range []int{1_000, 20_000, 100_000} {
+		b.Run("gated="+strconv.Itoa(gated), func(b *testing.B) {
+			cfg := Defaults()
+			cfg.MaxSessions = gated + 1 // fill without evicting, then shrink
+			t := NewTable(cfg)
+			b.Cleanup(t.Close)
+			for i := range gated {
+				turn, _ := t.Begin("gated-"+strconv.Itoa(i), nil)
+				turn.Done(200)
+			}
+			cfg.MaxSessions = 1000
+			t.Configure(cfg)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				turn, ok := t.Begin("new-"+strconv.Itoa(i), nil)
+				if !ok {
+					b.Fatal("Begin refused a new id")
+				}
+				turn.Done(200)
+				i++
+			}
+			b.ReportMetric(float64(t.Len()), "sessions")
+		})
+	}
+}

@@ -2,6 +2,8 @@ package serializer
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -40,6 +42,19 @@ func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
 		t.stopped = true
 		return was
 	}
+}
+
+// pending returns the number of timers neither run nor stopped.
+func (c *fakeClock) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, t := range c.timers {
+		if !t.stopped {
+			n++
+		}
+	}
+	return n
 }
 
 // Advance moves time forward and runs the timers that became due.
@@ -99,10 +114,23 @@ func acquireAsync(t *testing.T, tab *Table, ctx context.Context, id string, trai
 	return ch
 }
 
-func waitingCount(tab *Table, id string) int {
+// tracked returns the table's session for id, if any.
+func tracked(tab *Table, id string) (*Session, bool) {
 	tab.mu.Lock()
-	s, ok := tab.lru.Peek(id)
-	tab.mu.Unlock()
+	defer tab.mu.Unlock()
+	s, ok := tab.sessions[id]
+	return s, ok
+}
+
+// trackedIDs returns the ids the table tracks, in no order.
+func trackedIDs(tab *Table) []string {
+	tab.mu.Lock()
+	defer tab.mu.Unlock()
+	return slices.Collect(maps.Keys(tab.sessions))
+}
+
+func waitingCount(tab *Table, id string) int {
+	s, ok := tracked(tab, id)
 	if !ok {
 		return 0
 	}

@@ -49,7 +49,7 @@ type Config struct {
 	OnInitTimeout TimeoutAction
 	QueueTimeout  time.Duration // longest wait in the queue or at the gate
 	MaxQueue      int           // waiting requests per session
-	MaxSessions   int           // sessions tracked before idle ones are evicted
+	MaxSessions   int           // sessions tracked before idle ones are evicted (see Table.Saturated)
 	SessionTTL    time.Duration // idle time before a session is forgotten
 
 	Clock  Clock  // nil: the system clock
@@ -121,8 +121,11 @@ type Events interface {
 	Held()
 	// GateTimedOut reports a gate that reached InitTimeout.
 	GateTimedOut(sessionID string, action TimeoutAction)
-	// Evicted reports an idle session forgotten to stay within MaxSessions.
-	Evicted()
+	// Evicted reports an idle session forgotten to make room for a new
+	// one within MaxSessions: gated when it was still waiting for the
+	// client's notifications/initialized, which happens only when no idle
+	// open session was left to evict.
+	Evicted(gated bool)
 	// Adopted reports a session this table met first through a request
 	// and looked up in the Store: gated if the record said it was still
 	// initializing, else (open, missing, or the store failed) queue only.
@@ -134,5 +137,5 @@ type noEvents struct{}
 func (noEvents) Waited(time.Duration)               {}
 func (noEvents) Held()                              {}
 func (noEvents) GateTimedOut(string, TimeoutAction) {}
-func (noEvents) Evicted()                           {}
+func (noEvents) Evicted(bool)                       {}
 func (noEvents) Adopted(string, bool)               {}

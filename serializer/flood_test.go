@@ -1,9 +1,12 @@
 package serializer
 
 import (
+	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -44,8 +47,8 @@ func TestFloodOfMadeUpSessionIDsStaysBoundedAndSparesBusySessions(t *testing.T) 
 	initializeHeld.Done(200)
 	held := acquireAsync(t, tab, bg, "real-gated-held", 0)
 	busy := map[string]*Session{}
-	for _, id := range tab.lru.Keys() {
-		busy[id], _ = tab.lru.Peek(id)
+	for _, id := range trackedIDs(tab) {
+		busy[id], _ = tracked(tab, id)
 	}
 
 	runtime.GC()
@@ -92,7 +95,7 @@ func TestFloodOfMadeUpSessionIDsStaysBoundedAndSparesBusySessions(t *testing.T) 
 		t.Errorf("heap grew by %d MiB over the flood, want it bounded by max_sessions (< 16 MiB)", growth>>20)
 	}
 	for id, s := range busy {
-		if cur, ok := tab.lru.Peek(id); !ok || cur != s {
+		if cur, ok := tracked(tab, id); !ok || cur != s {
 			t.Errorf("busy session %q was evicted", id)
 		}
 	}
@@ -113,25 +116,131 @@ func TestFloodOfMadeUpSessionIDsStaysBoundedAndSparesBusySessions(t *testing.T) 
 	mustGet(t, gatedNext).turn.Done(200)
 }
 
-// Sessions still initializing do not make the table grow for ever: once
-// their gate has opened (here by init_timeout) they are ordinary idle
-// sessions and the next arrivals evict them.
-func TestInitializingSessionsAreEvictableOnceTheirGateOpens(t *testing.T) {
-	tab, clock := newTestTable(t, func(c *Config) { c.MaxSessions = 10 })
-	for i := range 30 {
-		turn, _ := tab.Begin(fmt.Sprint("init-", i), nil)
+// A flood of initializes that never send notifications/initialized: each
+// leaves a gated session no request holds. Once no idle open session is
+// left to evict, the oldest gated one goes, its init timeout stopped, so
+// the table (and its timers) stay within max_sessions however long the
+// flood lasts.
+func TestInitializeFloodEvictsTheOldestGatedSessionsWithinMaxSessions(t *testing.T) {
+	const maxSessions, flood = 1000, 20_000
+	var evicted, gated atomic.Int32
+	tab, clock := newTestTable(t, func(c *Config) {
+		c.MaxSessions = maxSessions
+		c.Events = &countingEvents{evictions: &evicted, gated: &gated}
+	})
+	for i := range flood {
+		turn, ok := tab.Begin(fmt.Sprint("gated-", i), nil)
+		if !ok {
+			t.Fatalf("Begin refused gated-%d", i)
+		}
+		turn.Done(200)
+		if n := tab.Len(); n > maxSessions {
+			t.Fatalf("after %d initializes the table holds %d sessions, want at most %d", i+1, n, maxSessions)
+		}
+	}
+	if evicted.Load() != flood-maxSessions || gated.Load() != flood-maxSessions {
+		t.Fatalf("evictions = %d (%d gated), want %d, all gated", evicted.Load(), gated.Load(), flood-maxSessions)
+	}
+	for i := range flood {
+		_, ok := tracked(tab, fmt.Sprint("gated-", i))
+		if want := i >= flood-maxSessions; ok != want {
+			t.Fatalf("gated-%d tracked = %v, want only the newest %d kept", i, ok, maxSessions)
+		}
+	}
+	if n := clock.pending(); n != maxSessions {
+		t.Fatalf("%d init timeouts pending, want one per tracked session (%d)", n, maxSessions)
+	}
+}
+
+// A gated session goes only when no idle open session is left, and then
+// the oldest first; a busy session never goes.
+func TestGatedSessionsAreEvictedAfterIdleOpenOnesOldestFirst(t *testing.T) {
+	var gatedEvictions atomic.Int32
+	tab, _ := newTestTable(t, func(c *Config) {
+		c.MaxSessions = 4
+		c.Events = &countingEvents{gated: &gatedEvictions}
+	})
+	for _, id := range []string{"gated-old", "gated-new"} {
+		turn, _ := tab.Begin(id, nil)
 		turn.Done(200)
 	}
-	if tab.Len() != 30 {
-		t.Fatalf("Len = %d, want all 30 initializing sessions kept", tab.Len())
+	busy, _ := tab.Acquire(bg, "busy", 0)
+	open, _ := tab.Acquire(bg, "open", 0)
+	open.Done(200)
+	var news []Turn
+	for i, want := range [][]string{
+		{"busy", "gated-new", "gated-old", "new-0"},  // the idle open one went first
+		{"busy", "gated-new", "new-0", "new-1"},      // then the oldest gated
+		{"busy", "new-0", "new-1", "new-2"},          // then the other
+		{"busy", "new-0", "new-1", "new-2", "new-3"}, // all busy: the table grows
+	} {
+		if i == 3 && !tab.Saturated() {
+			t.Fatal("Saturated is false with every session busy at max_sessions")
+		}
+		turn, _ := tab.Acquire(bg, fmt.Sprint("new-", i), 0)
+		news = append(news, turn) // held: busy
+		if got := sorted(trackedIDs(tab)); !slices.Equal(got, want) {
+			t.Fatalf("after new-%d: tracked %v, want %v", i, got, want)
+		}
 	}
-	clock.Advance(10 * time.Second) // init_timeout: forward opens every gate
-	for i := range 30 {
-		turn, _ := tab.Acquire(bg, fmt.Sprint("later-", i), 0)
+	if gatedEvictions.Load() != 2 {
+		t.Fatalf("gated evictions = %d, want 2", gatedEvictions.Load())
+	}
+	busy.Done(200)
+	if tab.Saturated() {
+		t.Fatal("Saturated is true with an idle session to evict")
+	}
+	for _, turn := range news {
 		turn.Done(200)
 	}
-	if tab.Len() > 10 {
-		t.Fatalf("Len = %d, want the table back within max_sessions (10)", tab.Len())
+	turn, _ := tab.Acquire(bg, "after", 0)
+	turn.Done(200)
+	if n := tab.Len(); n != 4 {
+		t.Fatalf("Len = %d once the busy sessions went idle, want max_sessions (4)", n)
+	}
+}
+
+// An evicted gated session's init timeout never acts: no gate timeout is
+// reported, and the synthesize action sends nothing for it.
+func TestEvictedGatedSessionsInitTimeoutNeverFires(t *testing.T) {
+	var timedOut atomic.Int32
+	var synthesized atomic.Int32
+	tab, clock := newTestTable(t, func(c *Config) {
+		c.MaxSessions = 1
+		c.OnInitTimeout = Synthesize
+		c.Events = &countingEvents{gateTimeouts: &timedOut}
+	})
+	turn, _ := tab.Begin("gated", func(context.Context) bool { synthesized.Add(1); return true })
+	turn.Done(200)
+	other, _ := tab.Acquire(bg, "other", 0)
+	other.Done(200)
+	if _, ok := tracked(tab, "gated"); ok {
+		t.Fatal("the gated session was not evicted for the new one")
+	}
+	clock.Advance(time.Minute)
+	if timedOut.Load() != 0 || synthesized.Load() != 0 {
+		t.Fatalf("evicted session: %d gate timeouts, %d synthesized", timedOut.Load(), synthesized.Load())
+	}
+}
+
+// A gated session whose init_timeout opened its gate while no request
+// held it is an ordinary idle session: it expires after session_ttl.
+func TestSessionOpenedByInitTimeoutWhileIdleExpires(t *testing.T) {
+	tab, clock := newTestTable(t, func(c *Config) {
+		c.SessionTTL = time.Minute
+		c.InitTimeout = 10 * time.Second
+	})
+	turn, _ := tab.Begin("s", nil)
+	turn.Done(200)
+	clock.Advance(10 * time.Second) // forward opens the gate
+	tab.Sweep()
+	if _, ok := tracked(tab, "s"); !ok {
+		t.Fatal("expired as soon as its gate opened")
+	}
+	clock.Advance(time.Minute + time.Second)
+	tab.Sweep()
+	if _, ok := tracked(tab, "s"); ok {
+		t.Fatal("a session opened by init_timeout never expires")
 	}
 }
 
@@ -144,7 +253,7 @@ func TestSweepSparesASessionStillInitializing(t *testing.T) {
 	initialize.Done(200)
 	clock.Advance(time.Minute)
 	tab.Sweep()
-	if !tab.lru.Contains("s") {
+	if _, ok := tracked(tab, "s"); !ok {
 		t.Fatal("a session waiting for notifications/initialized expired")
 	}
 }

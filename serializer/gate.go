@@ -140,6 +140,7 @@ func (s *Session) initTimeoutExpired() {
 	s.mu.Lock()
 	s.applyInitTimeout()
 	s.mu.Unlock()
+	s.table.gateSettled(s)
 }
 
 // initTimeoutConfirmed: init_timeout has passed and, with a Store, the
@@ -160,6 +161,7 @@ func (s *Session) initTimeoutConfirmed(store Store) {
 		}
 	}
 	s.mu.Unlock()
+	s.table.gateSettled(s)
 }
 
 // applyInitTimeout applies OnInitTimeout to a session still initializing.
@@ -204,6 +206,7 @@ func (s *Session) synthesizeEnded() {
 		s.dispatch()
 	}
 	s.mu.Unlock()
+	s.table.gateSettled(s)
 }
 
 // endedUpstream: the session ended (DELETE answered 2xx) or the upstream

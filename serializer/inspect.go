@@ -67,8 +67,8 @@ type TableStatus struct {
 func (t *Table) Inspect(each func(SessionStatus)) TableStatus {
 	now := t.clock.Now()
 	var sum TableStatus
-	for _, s := range t.lru.Values() {
-		st := s.status(now)
+	for _, u := range t.snapshot() {
+		st := u.s.status(now, u.lastUsed)
 		sum.Sessions++
 		switch st.Gate {
 		case GateInitializing:
@@ -95,7 +95,7 @@ func (t *Table) Inspect(each func(SessionStatus)) TableStatus {
 	return sum
 }
 
-func (s *Session) status(now time.Time) SessionStatus {
+func (s *Session) status(now time.Time, lastUsed int64) SessionStatus {
 	s.mu.Lock()
 	st := SessionStatus{
 		ID:        s.id,
@@ -106,7 +106,7 @@ func (s *Session) status(now time.Time) SessionStatus {
 	}
 	s.mu.Unlock()
 	st.Age = now.Sub(s.created)
-	st.Idle = now.Sub(time.Unix(0, s.lastUsed.Load()))
+	st.Idle = now.Sub(time.Unix(0, lastUsed))
 	return st
 }
 
@@ -114,7 +114,7 @@ func (s *Session) status(now time.Time) SessionStatus {
 // notifications/initialized.
 func (t *Table) Gated(id string) bool {
 	t.mu.Lock()
-	s, ok := t.lru.Peek(id)
+	s, ok := t.sessions[id]
 	t.mu.Unlock()
 	if !ok {
 		return false

@@ -24,11 +24,21 @@ type Session struct {
 	table *Table
 	id    string
 
+	created time.Time
+	// lastUsed is when a request last entered or left, in unix
+	// nanoseconds. It changes under the table's mu whenever s goes idle,
+	// which keeps each idle list in its order.
+	lastUsed atomic.Int64
+
 	// refs counts requests holding the session (waiting, in flight or at
-	// the gate); only a session with none may be evicted or expire.
-	refs     atomic.Int32
-	lastUsed atomic.Int64 // unix nanoseconds
-	created  time.Time
+	// the gate); only a session with none may be evicted or expire. It
+	// goes from 0 to 1 and from 1 to 0 under the table's mu only.
+	refs atomic.Int32
+	// Guarded by the table's mu: whether s is the table's session for its
+	// id, and the table's list holding it (see Table).
+	tracked    bool
+	list       *sessionList
+	prev, next *Session
 
 	mu        sync.Mutex
 	inFlight  bool      // a request holds the slot
@@ -102,25 +112,6 @@ func (t Turn) Done(status int) {
 
 // Overtook reports whether the turn went ahead of the in-flight exchange.
 func (t Turn) Overtook() bool { return t.overtake }
-
-func (s *Session) unref() {
-	s.lastUsed.Store(s.table.clock.Now().UnixNano())
-	s.refs.Add(-1)
-}
-
-// idle reports whether s may be forgotten: no request holds it and its
-// gate is not waiting for notifications/initialized. Forgetting a session
-// between its initialize answer and the client's initialized would lose
-// the gate and let the follow-ups race the notification. Caller holds
-// s.table.mu, so no new reference can appear meanwhile.
-func (s *Session) idle() bool {
-	if s.refs.Load() > 0 {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.gate != gateInitializing
-}
 
 // canOvertake reports whether a request may run beside the in-flight one.
 func (s *Session) canOvertake(t Traits) bool {

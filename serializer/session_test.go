@@ -423,6 +423,7 @@ type countingEvents struct {
 	noEvents
 	gateTimeouts *atomic.Int32
 	evictions    *atomic.Int32
+	gated        *atomic.Int32 // evictions of gated sessions, also counted in evictions
 }
 
 func (e *countingEvents) GateTimedOut(string, TimeoutAction) {
@@ -431,8 +432,11 @@ func (e *countingEvents) GateTimedOut(string, TimeoutAction) {
 	}
 }
 
-func (e *countingEvents) Evicted() {
+func (e *countingEvents) Evicted(gated bool) {
 	if e.evictions != nil {
 		e.evictions.Add(1)
+	}
+	if e.gated != nil && gated {
+		e.gated.Add(1)
 	}
 }

@@ -163,9 +163,14 @@ func (t *Table) touchRecords(cfg *Config) {
 		return
 	}
 	t.touchedAt = now
+	// Busy sessions are in use now; the idle lists are in the order of
+	// lastUsed, so their sessions used since are at their ends.
 	var ids []string
-	for _, s := range t.lru.Values() {
-		if s.lastUsed.Load() >= since {
+	for s := t.busy.head; s != nil; s = s.next {
+		ids = append(ids, s.id)
+	}
+	for _, l := range []*sessionList{&t.idleOpen, &t.idleGated} {
+		for s := l.tail; s != nil && s.lastUsed.Load() >= since; s = s.prev {
 			ids = append(ids, s.id)
 		}
 	}

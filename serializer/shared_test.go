@@ -161,9 +161,7 @@ func newInstances(t *testing.T, n int, store Store, edit func(*Config)) ([]*Tabl
 }
 
 func gateOf(tab *Table, id string) (gateState, bool) {
-	tab.mu.Lock()
-	s, ok := tab.lru.Peek(id)
-	tab.mu.Unlock()
+	s, ok := tracked(tab, id)
 	if !ok {
 		return 0, false
 	}
@@ -175,9 +173,7 @@ func gateOf(tab *Table, id string) (gateState, bool) {
 // adoptionDone reports whether tab has settled id's lookup and freed the
 // slot it held for it.
 func adoptionDone(tab *Table, id string) bool {
-	tab.mu.Lock()
-	s, ok := tab.lru.Peek(id)
-	tab.mu.Unlock()
+	s, ok := tracked(tab, id)
 	if !ok {
 		return false
 	}
@@ -564,10 +560,12 @@ func TestDropForgetsTheRecord(t *testing.T) {
 	}
 }
 
-func TestAdoptedGatedSessionIsNeitherEvictedNorExpired(t *testing.T) {
+// An adopted gated session is kept as one begun here: idle open sessions
+// are evicted first, and it never expires.
+func TestAdoptedGatedSessionOutlivesIdleOpenOnesAndNeverExpires(t *testing.T) {
 	store := newFakeStore()
 	tabs, clock := newInstances(t, 1, store, func(c *Config) {
-		c.MaxSessions = 1
+		c.MaxSessions = 2
 		c.SessionTTL = time.Minute
 		c.InitTimeout = time.Hour
 	})
@@ -581,11 +579,15 @@ func TestAdoptedGatedSessionIsNeitherEvictedNorExpired(t *testing.T) {
 	for i := range 5 {
 		turn, _ := tab.Acquire(bg, fmt.Sprint("flood-", i), 0)
 		turn.Done(200)
+		eventually(t, func() bool { return adoptionDone(tab, fmt.Sprint("flood-", i)) })
 	}
 	clock.Advance(2 * time.Minute)
 	tab.Sweep()
 	if g, ok := gateOf(tab, "gated"); !ok || g != gateInitializing {
 		t.Fatalf("adopted gated session: tracked=%v gate=%v, want kept and gated", ok, g)
+	}
+	if n := tab.Len(); n != 1 {
+		t.Fatalf("Len = %d after the sweep, want only the gated session", n)
 	}
 }
 

@@ -1,23 +1,38 @@
 package serializer
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	lru "github.com/hashicorp/golang-lru/v2"
 )
 
 // Table tracks sessions by id. It is safe for concurrent use, and is
 // reconfigured in place so that sessions outlive a config reload.
+//
+// Each tracked session is in one of three lists, so that finding, adding,
+// evicting or expiring a session costs the same however many are tracked:
+// busy (a request holds it: waiting, in flight or at the gate), idle open
+// (least recently used first) and idle gated (initializing with no request
+// holding it: the initialize exchange is over and the client has not sent
+// notifications/initialized yet; oldest first). A session moves when its
+// count of requests goes between 0 and 1, or when the gate of an idle
+// gated session opens. Both idle lists are in the order of lastUsed.
 type Table struct {
 	clock  Clock
 	cfg    atomic.Pointer[Config]
-	mu     sync.Mutex // guards get-or-create and eviction decisions
-	lru    *lru.Cache[string, *Session]
 	stop   chan struct{}
 	closed sync.WaitGroup
+
+	// mu guards sessions, the lists, and each session's refs, tracked and
+	// list links. Lock order: mu, then a session's mu; never the reverse.
+	mu        sync.Mutex
+	sessions  map[string]*Session
+	busy      sessionList
+	idleOpen  sessionList
+	idleGated sessionList
 
 	// With a Store: when the last round of Touch began (unix nanoseconds,
 	// guarded by mu), and whether one is still running.
@@ -27,21 +42,20 @@ type Table struct {
 
 // NewTable returns a table with its janitor running; Close stops it.
 func NewTable(cfg Config) *Table {
-	t := &Table{clock: cfg.Clock, stop: make(chan struct{})}
+	t := &Table{clock: cfg.Clock, stop: make(chan struct{}), sessions: map[string]*Session{}}
 	if t.clock == nil {
 		t.clock = systemClock{}
 	}
 	t.touchedAt = t.clock.Now().UnixNano()
-	// The cache never evicts by itself: add makes room first, skipping
-	// sessions in use, so the callback has nothing to do.
-	t.lru, _ = lru.NewWithEvict[string, *Session](max(cfg.MaxSessions, 1), nil)
 	t.Configure(cfg)
 	t.closed.Add(1)
 	go t.janitor()
 	return t
 }
 
-// Configure applies new limits to the table and its live sessions.
+// Configure applies new limits to the table and its live sessions. A
+// smaller MaxSessions evicts idle sessions at once, as a new session
+// would (see Saturated).
 func (t *Table) Configure(cfg Config) {
 	if cfg.Events == nil {
 		cfg.Events = noEvents{}
@@ -49,11 +63,8 @@ func (t *Table) Configure(cfg Config) {
 	cfg.Clock = t.clock
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if old := t.cfg.Load(); old != nil && old.MaxSessions > cfg.MaxSessions {
-		t.evictDownTo(cfg.MaxSessions)
-	}
-	t.lru.Resize(max(cfg.MaxSessions, t.lru.Len(), 1))
 	t.cfg.Store(&cfg)
+	t.evictDownTo(cfg.MaxSessions)
 }
 
 func (t *Table) config() *Config { return t.cfg.Load() }
@@ -69,7 +80,22 @@ func (t *Table) Close() {
 }
 
 // Len returns the number of sessions tracked.
-func (t *Table) Len() int { return t.lru.Len() }
+func (t *Table) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.sessions)
+}
+
+// Saturated reports whether a new session would make the table grow past
+// MaxSessions: it holds that many or more and none is idle, that is,
+// every one has a request waiting, in flight or at the gate. A new
+// session then still gets in (the table grows rather than drop a session
+// with a request); the caller may refuse it first.
+func (t *Table) Saturated() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.sessions) >= t.config().MaxSessions && t.idleOpen.len == 0 && t.idleGated.len == 0
+}
 
 // Acquire waits for the request's turn in session id, tracking the session
 // if it is unknown: queue only, no gate, or, with a Store, as its record
@@ -145,16 +171,16 @@ func (t *Table) WaitGate(ctx context.Context, id string) error {
 func (t *Table) Begin(id string, synth func(context.Context) bool) (turn Turn, ok bool) {
 	cfg := t.config()
 	t.mu.Lock()
-	if t.lru.Contains(id) {
+	if _, known := t.sessions[id]; known {
 		t.mu.Unlock()
 		return Turn{}, false
 	}
 	// Filled in before it is published: Inspect may read it at once.
 	s := t.newSession(id)
-	s.refs.Add(1)
 	s.inFlight = true // the initialize exchange's
 	s.sessionBegun(synth, cfg.InitTimeout)
 	t.add(s)
+	t.hold(s)
 	t.mu.Unlock()
 	if cfg.Store != nil {
 		// Outside the table lock: other sessions must not wait on the
@@ -173,26 +199,26 @@ func (t *Table) Begin(id string, synth func(context.Context) bool) (turn Turn, o
 func (t *Table) ref(id string, create bool) *Session {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s, ok := t.lru.Get(id)
-	if !ok {
+	s := t.sessions[id]
+	if s == nil {
 		if !create {
 			return nil
 		}
 		s = t.newSession(id)
 		store := t.config().Store
 		if store != nil {
-			// The lookup's own reference and slot: s must not be evicted
-			// meanwhile, and requests arriving in between queue.
-			s.refs.Add(1)
+			// The lookup holds its own slot, so that requests arriving
+			// meanwhile queue, and its own reference until it ends.
 			s.inFlight = true
 			s.lookupStarted()
 		}
 		t.add(s)
 		if store != nil {
+			t.hold(s)
 			go s.adopt(store)
 		}
 	}
-	s.refs.Add(1)
+	t.hold(s)
 	s.lastUsed.Store(t.clock.Now().UnixNano())
 	return s
 }
@@ -203,51 +229,110 @@ func (t *Table) newSession(id string) *Session {
 	return s
 }
 
-// add publishes a new session, first evicting least recently used idle ones
-// until there is room: more than one when the table grew past MaxSessions
-// while its sessions were busy. Caller holds t.mu.
+// add publishes s, filled in already, first making room for it (see
+// evictDownTo). Its caller holds a reference at once. Caller holds t.mu.
 func (t *Table) add(s *Session) {
-	limit := t.config().MaxSessions
-	t.evictDownTo(limit - 1)
-	if t.lru.Len() >= limit {
-		// Every session is in use: grow rather than drop one with waiters.
-		t.lru.Resize(t.lru.Len() + 1)
-	}
-	t.lru.Add(s.id, s)
+	t.evictDownTo(t.config().MaxSessions - 1)
+	t.sessions[s.id] = s
+	s.tracked = true
 }
 
-// evictDownTo evicts idle sessions until at most n are tracked or none
-// is idle. Caller holds t.mu.
-func (t *Table) evictDownTo(n int) {
-	for t.lru.Len() > n && t.evictOne() {
+// hold counts a reference to s: a busy session is never evicted nor
+// expires. Caller holds t.mu.
+func (t *Table) hold(s *Session) {
+	if s.refs.Add(1) == 1 && s.tracked {
+		if s.list != nil {
+			s.list.remove(s)
+		}
+		t.busy.pushBack(s)
 	}
 }
 
-// evictOne forgets the least recently used idle session. Sessions in use
-// met on the way count as used now. It reports whether one was evicted.
+// unref drops a reference to s; the last one makes s idle, gated if its
+// gate still waits for notifications/initialized.
+func (s *Session) unref() {
+	t := s.table
+	// Not the last: s stays busy, and the table lock is not needed.
+	for n := s.refs.Load(); n > 1; n = s.refs.Load() {
+		if s.refs.CompareAndSwap(n, n-1) {
+			s.lastUsed.Store(t.clock.Now().UnixNano())
+			return
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s.lastUsed.Store(t.clock.Now().UnixNano())
+	if s.refs.Add(-1) > 0 || !s.tracked {
+		return
+	}
+	t.busy.remove(s)
+	s.mu.Lock()
+	gated := s.awaitsInitialized()
+	s.mu.Unlock()
+	if gated {
+		t.idleGated.pushBack(s)
+	} else {
+		t.idleOpen.pushBack(s)
+	}
+}
+
+// gateSettled moves s to the idle open list if it is idle gated and its
+// gate no longer waits for notifications/initialized (init_timeout acted
+// while no request held it). The move counts as a use, which keeps the
+// list in the order of lastUsed.
+func (t *Table) gateSettled(s *Session) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s.list != &t.idleGated {
+		return
+	}
+	s.mu.Lock()
+	gated := s.awaitsInitialized()
+	s.mu.Unlock()
+	if !gated {
+		t.idleGated.remove(s)
+		s.lastUsed.Store(t.clock.Now().UnixNano())
+		t.idleOpen.pushBack(s)
+	}
+}
+
+// evictDownTo evicts idle sessions until at most n are tracked or none is
+// idle: the least recently used idle open one first, else the oldest
+// idle gated one. When every session is busy the table grows past
+// MaxSessions instead, bounded by the requests in flight, which hold a
+// connection and a goroutine each anyway; it shrinks back as they end.
 // Caller holds t.mu.
-func (t *Table) evictOne() bool {
-	for range t.lru.Len() {
-		id, s, ok := t.lru.GetOldest()
-		if !ok {
-			return false
+func (t *Table) evictDownTo(n int) {
+	events := t.config().Events
+	for len(t.sessions) > n {
+		gated := false
+		s := t.idleOpen.head
+		if s == nil {
+			s, gated = t.idleGated.head, true
 		}
-		if !s.idle() {
-			t.lru.Get(id) // in use: move to the recent end
-			continue
+		if s == nil {
+			return
 		}
-		t.lru.Remove(id)
-		t.config().Events.Evicted()
-		return true
+		t.untrack(s)
+		s.forgottenWhileIdle()
+		events.Evicted(gated)
 	}
-	return false
 }
 
-// drop forgets s if it is still the table's session for its id.
+// untrack forgets s. Caller holds t.mu.
+func (t *Table) untrack(s *Session) {
+	delete(t.sessions, s.id)
+	s.tracked = false
+	if s.list != nil {
+		s.list.remove(s)
+	}
+}
+
+// drop forgets s if it is still tracked, after the upstream ended it.
 func (t *Table) drop(s *Session) {
 	t.mu.Lock()
-	if cur, ok := t.lru.Peek(s.id); ok && cur == s {
-		t.lru.Remove(s.id)
+	if s.tracked {
+		t.untrack(s)
 	}
 	t.mu.Unlock()
 	s.endedUpstream()
@@ -262,9 +347,9 @@ func (t *Table) drop(s *Session) {
 // answered, and false if id was not tracked.
 func (t *Table) Drop(id string) (answered int, ok bool) {
 	t.mu.Lock()
-	s, ok := t.lru.Peek(id)
+	s, ok := t.sessions[id]
 	if ok {
-		t.lru.Remove(id)
+		t.untrack(s)
 	}
 	t.mu.Unlock()
 	if !ok {
@@ -273,9 +358,11 @@ func (t *Table) Drop(id string) (answered int, ok bool) {
 	return s.droppedByOperator(), true
 }
 
-// Sweep forgets sessions idle for longer than SessionTTL and, with a
-// Store, refreshes the records of sessions used lately (see touchRecords).
-// The janitor calls it periodically; tests call it directly.
+// Sweep forgets idle open sessions unused for longer than SessionTTL, at a
+// cost in the number it forgets; a gated one never expires (it goes by
+// eviction or at init_timeout). With a Store it also refreshes the
+// records of sessions used lately (see touchRecords). The janitor calls
+// it periodically; tests call it directly.
 func (t *Table) Sweep() {
 	cfg := t.config()
 	cutoff := t.clock.Now().Add(-cfg.SessionTTL).UnixNano()
@@ -284,20 +371,64 @@ func (t *Table) Sweep() {
 	if cfg.Store != nil {
 		t.touchRecords(cfg)
 	}
-	for range t.lru.Len() {
-		id, s, ok := t.lru.GetOldest()
-		if !ok {
-			return
-		}
-		switch {
-		case !s.idle():
-			t.lru.Get(id) // in use: not idle
-		case s.lastUsed.Load() < cutoff:
-			t.lru.Remove(id)
-		default:
-			return // the rest were used more recently
+	for s := t.idleOpen.head; s != nil && s.lastUsed.Load() < cutoff; s = t.idleOpen.head {
+		t.untrack(s)
+		s.forgottenWhileIdle()
+	}
+}
+
+// snapshot copies the tracked sessions and when each was last used, least
+// recently used first: under the table lock only the copy, the order
+// after it.
+func (t *Table) snapshot() []usedSession {
+	t.mu.Lock()
+	out := make([]usedSession, 0, len(t.sessions))
+	for _, l := range []*sessionList{&t.idleOpen, &t.idleGated, &t.busy} {
+		for s := l.head; s != nil; s = s.next {
+			out = append(out, usedSession{s, s.lastUsed.Load()})
 		}
 	}
+	t.mu.Unlock()
+	slices.SortStableFunc(out, func(a, b usedSession) int { return cmp.Compare(a.lastUsed, b.lastUsed) })
+	return out
+}
+
+type usedSession struct {
+	s        *Session
+	lastUsed int64 // unix nanoseconds
+}
+
+// sessionList is an intrusive doubly linked list of sessions, through
+// their prev and next. Guarded by the table's mu.
+type sessionList struct {
+	head, tail *Session
+	len        int
+}
+
+func (l *sessionList) pushBack(s *Session) {
+	s.list, s.prev, s.next = l, l.tail, nil
+	if l.tail != nil {
+		l.tail.next = s
+	} else {
+		l.head = s
+	}
+	l.tail = s
+	l.len++
+}
+
+func (l *sessionList) remove(s *Session) {
+	if s.prev != nil {
+		s.prev.next = s.next
+	} else {
+		l.head = s.next
+	}
+	if s.next != nil {
+		s.next.prev = s.prev
+	} else {
+		l.tail = s.prev
+	}
+	s.list, s.prev, s.next = nil, nil, nil
+	l.len--
 }
 
 func (t *Table) janitor() {

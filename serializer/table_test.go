@@ -3,6 +3,7 @@ package serializer
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,8 +20,8 @@ func TestTableEvictsLeastRecentlyUsedIdleSession(t *testing.T) {
 		turn, _ := tab.Acquire(bg, id, 0)
 		turn.Done(200)
 	}
-	if tab.lru.Contains("b") || !tab.lru.Contains("a") || !tab.lru.Contains("c") {
-		t.Fatalf("tracked %v, want a and c", tab.lru.Keys())
+	if ids := trackedIDs(tab); !slices.Equal(sorted(ids), []string{"a", "c"}) {
+		t.Fatalf("tracked %v, want a and c", ids)
 	}
 	if evicted.Load() != 1 {
 		t.Fatalf("evictions = %d, want 1", evicted.Load())
@@ -37,7 +38,7 @@ func TestEvictionNeverDropsASessionWithWaiters(t *testing.T) {
 		turn.Done(404)
 	}
 	for _, id := range []string{"busy", "gated"} {
-		if !tab.lru.Contains(id) {
+		if _, ok := tracked(tab, id); !ok {
 			t.Fatalf("session %q in use was evicted", id)
 		}
 	}
@@ -71,8 +72,8 @@ func TestIdleSessionExpiresAfterTTL(t *testing.T) {
 	turn.Done(200)
 	clock.Advance(31 * time.Second)
 	tab.Sweep()
-	if tab.lru.Contains("old") || !tab.lru.Contains("new") {
-		t.Fatalf("after sweep: %v, want only new", tab.lru.Keys())
+	if ids := trackedIDs(tab); !slices.Equal(ids, []string{"new"}) {
+		t.Fatalf("after sweep: %v, want only new", ids)
 	}
 }
 
@@ -81,7 +82,7 @@ func TestSessionInUseNeverExpires(t *testing.T) {
 	busy, _ := tab.Acquire(bg, "busy", 0)
 	clock.Advance(2 * time.Hour)
 	tab.Sweep()
-	if !tab.lru.Contains("busy") {
+	if _, ok := tracked(tab, "busy"); !ok {
 		t.Fatal("a session with an exchange in flight expired")
 	}
 	busy.Done(200)
@@ -130,5 +131,42 @@ func TestValidateNamesTheSetting(t *testing.T) {
 	}
 	if err := Defaults().Validate(); err != nil {
 		t.Fatalf("defaults invalid: %v", err)
+	}
+}
+
+func sorted(s []string) []string {
+	slices.Sort(s)
+	return s
+}
+
+// A smaller max_sessions evicts as a new session would: idle open
+// sessions first, then the oldest gated ones, never a busy one.
+func TestConfigureShrinksByTheSameEvictionPolicy(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	for _, id := range []string{"gated-old", "gated-new"} {
+		turn, _ := tab.Begin(id, nil)
+		turn.Done(200)
+	}
+	busy, _ := tab.Acquire(bg, "busy", 0)
+	defer busy.Done(200)
+	for _, id := range []string{"open-old", "open-new"} {
+		turn, _ := tab.Acquire(bg, id, 0)
+		turn.Done(200)
+	}
+	cfg := *tab.config()
+	for _, step := range []struct {
+		max  int
+		want []string
+	}{
+		{4, []string{"busy", "gated-new", "gated-old", "open-new"}},
+		{3, []string{"busy", "gated-new", "gated-old"}},
+		{2, []string{"busy", "gated-new"}},
+		{0, []string{"busy"}},
+	} {
+		cfg.MaxSessions = step.max
+		tab.Configure(cfg)
+		if got := sorted(trackedIDs(tab)); !slices.Equal(got, step.want) {
+			t.Fatalf("max_sessions %d: tracked %v, want %v", step.max, got, step.want)
+		}
 	}
 }
