@@ -26,6 +26,12 @@ import (
 // never closes again. A session met first through a request, with a
 // Store, is initializing while its record is looked up (lookupStarted),
 // then as the record says (recordSaysInitializing, recordSaysOpen).
+//
+// An initializing session no request holds is idle gated in the table:
+// evicted, oldest first, only when no idle open session is left
+// (forgottenWhileIdle stops its init timeout), and never expired. When its
+// gate leaves initializing, the transitions run by timers tell the table
+// (gateSettled), which then treats it as an ordinary idle session.
 
 type gateState uint8
 
