@@ -60,8 +60,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // serveSessionless forwards a POST without a session untouched, body
-// unread, watching for a response that creates a session.
+// unread, watching for a response that creates a session. Only while the
+// table is saturated is the body read: an initialize is then answered
+// 503, since the session it would create has no room; any other POST
+// goes on (MCP without sessions is never refused).
 func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if h.table.Saturated() {
+		body, err := h.readBody(r)
+		defer h.budget.release(body.held)
+		switch {
+		case errors.Is(err, errBodyBudget):
+			// Unread, it goes on as it came, as with room in the table.
+		case err != nil:
+			return h.rejectBody(w, r, err)
+		case body.id != nil && body.method.Is("initialize"):
+			w.Header().Set("Retry-After", "1")
+			return h.reject(w, r, "table_full", http.StatusServiceUnavailable, codeServerError,
+				"no room for a new MCP session: each of max_sessions sessions has a request in progress; retry shortly", body.id)
+		}
+	}
 	ew := &exchangeWriter{
 		ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 		h:                     h, r: r, sessionless: true,
