@@ -91,10 +91,17 @@ func (t *Table) Len() int {
 // every one has a request waiting, in flight or at the gate. A new
 // session then still gets in (the table grows rather than drop a session
 // with a request); the caller may refuse it first.
+//
+// Every session-less POST asks, so the usual answer takes no lock: a
+// saturated table has at least MaxSessions busy sessions.
 func (t *Table) Saturated() bool {
+	limit := t.config().MaxSessions
+	if t.busy.len.Load() < int64(limit) {
+		return false
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.sessions) >= t.config().MaxSessions && t.idleOpen.len == 0 && t.idleGated.len == 0
+	return len(t.sessions) >= limit && t.idleOpen.len.Load() == 0 && t.idleGated.len.Load() == 0
 }
 
 // Acquire waits for the request's turn in session id, tracking the session
@@ -399,10 +406,11 @@ type usedSession struct {
 }
 
 // sessionList is an intrusive doubly linked list of sessions, through
-// their prev and next. Guarded by the table's mu.
+// their prev and next. Guarded by the table's mu; len may be read
+// without it.
 type sessionList struct {
 	head, tail *Session
-	len        int
+	len        atomic.Int64
 }
 
 func (l *sessionList) pushBack(s *Session) {
@@ -413,7 +421,7 @@ func (l *sessionList) pushBack(s *Session) {
 		l.head = s
 	}
 	l.tail = s
-	l.len++
+	l.len.Add(1)
 }
 
 func (l *sessionList) remove(s *Session) {
@@ -428,7 +436,7 @@ func (l *sessionList) remove(s *Session) {
 		l.tail = s.prev
 	}
 	s.list, s.prev, s.next = nil, nil, nil
-	l.len--
+	l.len.Add(-1)
 }
 
 func (t *Table) janitor() {
