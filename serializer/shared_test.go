@@ -170,8 +170,7 @@ func gateOf(tab *Table, id string) (gateState, bool) {
 	return s.gate, true
 }
 
-// adoptionDone reports whether tab has settled id's lookup and freed the
-// slot it held for it.
+// adoptionDone reports whether tab has settled id's lookup.
 func adoptionDone(tab *Table, id string) bool {
 	s, ok := tracked(tab, id)
 	if !ok {
@@ -180,6 +179,21 @@ func adoptionDone(tab *Table, id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return !s.lookingUp
+}
+
+// idle reports whether tab tracks id with nothing holding it: its lookup
+// settled, its slot freed and its last reference dropped, so that it sits
+// on an idle list. The slot is freed a moment after the lookup settles.
+func idle(tab *Table, id string) bool {
+	tab.mu.Lock()
+	defer tab.mu.Unlock()
+	s, ok := tab.sessions[id]
+	if !ok || s.refs.Load() != 0 {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.lookingUp && !s.inFlight
 }
 
 // synthSource counts the synthesizers asked of it.
@@ -579,7 +593,7 @@ func TestAdoptedGatedSessionOutlivesIdleOpenOnesAndNeverExpires(t *testing.T) {
 	for i := range 5 {
 		turn, _ := tab.Acquire(bg, fmt.Sprint("flood-", i), 0)
 		turn.Done(200)
-		eventually(t, func() bool { return adoptionDone(tab, fmt.Sprint("flood-", i)) })
+		eventually(t, func() bool { return idle(tab, fmt.Sprint("flood-", i)) })
 	}
 	clock.Advance(2 * time.Minute)
 	tab.Sweep()
