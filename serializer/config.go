@@ -60,6 +60,9 @@ type Config struct {
 	// requests of a session unknown here at most this long (and at most
 	// QueueTimeout/2) for its lookup. Nothing else waits on the store.
 	StoreTimeout time.Duration
+	// Turns orders each session's requests across instances (turn.go);
+	// nil keeps the order on this instance only. It needs a Store.
+	Turns TurnStore
 }
 
 // Defaults returns the documented default limits.
@@ -92,6 +95,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("session_ttl must be positive, got %s", c.SessionTTL)
 	case c.StoreTimeout <= 0:
 		return fmt.Errorf("store_timeout must be positive, got %s", c.StoreTimeout)
+	case c.Turns != nil && c.Store == nil:
+		return fmt.Errorf("cluster turns need a Store")
 	}
 	return nil
 }

@@ -19,6 +19,9 @@ import (
 //     notification has ended, whatever its answer (synthesizeEnded); with a
 //     Store, open quietly instead if another instance saw initialized
 //     acknowledged (initTimeoutConfirmed);
+//   - with a Store, to open when its record says open while requests are
+//     held here (openedElsewhere): the client's notifications/initialized
+//     was acknowledged on another instance;
 //   - to open when the session ends (endedUpstream: a 404, or a DELETE
 //     answered 2xx) or an operator drops it (droppedByOperator), so that
 //     nothing waits for a gate nobody will open.
@@ -54,6 +57,9 @@ type initGate struct {
 	lookingUp bool // with a Store: the gate awaits the record's answer
 	dropped   bool // by an operator (Table.Drop): waiters get ErrSessionDropped
 	gone      bool // the table forgot the session: its timers change nothing
+	// With a Store: a goroutine reads the record while requests are held
+	// here, since the gate may open on another instance (remote.go).
+	gateWatched bool
 }
 
 // sessionBegun: the upstream has just created the session (Begin). It is
@@ -113,6 +119,16 @@ func (s *Session) recordSaysOpen() {
 	s.lookingUp = false
 	if s.gate == gateInitializing {
 		s.openGate()
+	}
+}
+
+// openedElsewhere: while requests were held here, the record said another
+// instance saw notifications/initialized acknowledged. The gate opens here
+// too, without a write: the record is open already. Caller holds s.mu.
+func (s *Session) openedElsewhere() {
+	if s.gate == gateInitializing && !s.gone {
+		s.openGate()
+		s.dispatch()
 	}
 }
 
@@ -296,6 +312,9 @@ func (s *Session) waitGate(ctx context.Context) error {
 	if gate == gateInitializing {
 		if !lookingUp {
 			cfg.Events.Held()
+			s.mu.Lock()
+			s.watchGateIfHeld()
+			s.mu.Unlock()
 		}
 		expired := make(chan struct{})
 		stop := s.table.clock.AfterFunc(cfg.QueueTimeout, func() { close(expired) })

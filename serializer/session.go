@@ -47,8 +47,9 @@ type Session struct {
 	initGate            // written in gate.go only
 
 	// With a Store only.
-	writes  []storeOp // Store writes not sent yet, in order
-	writing bool      // a goroutine is sending writes
+	writes  []storeOp     // Store writes not sent yet, in order
+	writing bool          // a goroutine is sending writes
+	changed chan struct{} // closed when another instance announces a change (remote.go)
 }
 
 // waiter is a request waiting for its turn.
@@ -69,6 +70,7 @@ type Turn struct {
 	begins   bool          // the initialize exchange that created the session
 	held     bool          // at the gate, waiting for initialized
 	waited   time.Duration // before the turn; 0 when it went straight through
+	cluster  *clusterTurn  // the ticket served across instances, if any (turn.go)
 }
 
 // Streaming records that the response is an event stream, which lets
@@ -92,6 +94,7 @@ func (t Turn) Done(status int) {
 		return
 	}
 	ok := status >= 200 && status < 300
+	t.cluster.end()
 	s.mu.Lock()
 	if !t.overtake {
 		s.inFlight, s.streaming = false, false
@@ -147,6 +150,9 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Tu
 	w := &waiter{traits: traits, src: src, ready: make(chan struct{})}
 	s.waiting = append(s.waiting, w)
 	held := !s.admits(traits) && !s.lookingUp
+	if held {
+		s.watchGateIfHeld()
+	}
 	s.mu.Unlock()
 	if held {
 		cfg.Events.Held()
@@ -176,6 +182,7 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Tu
 // release gives the slot back without any effect of an upstream answer.
 func (t Turn) release() {
 	s := t.s
+	t.cluster.end()
 	s.mu.Lock()
 	if !t.overtake {
 		s.inFlight, s.streaming = false, false

@@ -132,6 +132,9 @@ func (s *Session) adopt(store Store) {
 	s.mu.Lock()
 	s.inFlight = false
 	s.dispatch()
+	if len(s.waiting) > 0 {
+		s.watchGateIfHeld() // requests that came during the lookup
+	}
 	s.mu.Unlock()
 }
 

@@ -38,6 +38,8 @@ type Table struct {
 	// guarded by mu), and whether one is still running.
 	touchedAt int64
 	touching  atomic.Bool
+
+	remote remoteWaits // sessions waiting on another instance
 }
 
 // NewTable returns a table with its janitor running; Close stops it.
@@ -61,6 +63,7 @@ func (t *Table) Configure(cfg Config) {
 		cfg.Events = noEvents{}
 	}
 	cfg.Clock = t.clock
+	t.watch(cfg.Store)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.cfg.Store(&cfg)
@@ -76,6 +79,7 @@ func (t *Table) Close() {
 	default:
 		close(t.stop)
 	}
+	t.unwatch()
 	t.closed.Wait()
 }
 
@@ -122,8 +126,18 @@ func (t *Table) Acquire(ctx context.Context, id string, traits Traits) (Turn, er
 // StoreTimeout) leaves it queue only. A session known here never costs a
 // Store call per request.
 func (t *Table) AcquireFrom(ctx context.Context, id string, traits Traits, src SynthSource) (Turn, error) {
+	start := t.clock.Now()
 	s := t.ref(id, true)
 	turn, err := s.enter(ctx, traits, src)
+	if err == nil && !turn.overtake {
+		turn.cluster, err = s.takeClusterTurn(ctx, traits, turn.waited)
+		if err != nil {
+			turn.release()
+			turn = Turn{waited: turn.waited}
+		} else if turn.cluster != nil {
+			turn.waited = s.table.clock.Now().Sub(start)
+		}
+	}
 	if err != nil {
 		s.unref()
 	}

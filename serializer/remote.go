@@ -1,0 +1,185 @@
+package serializer
+
+import (
+	"sync"
+	"time"
+)
+
+// Waiting on another instance. With a Store, a request here may wait for
+// something only another instance sees: a gate opened there (its client's
+// notifications/initialized was acknowledged there), or a cluster turn
+// handed on there (see turn.go). Every such wait re-reads the shared state
+// with a short backoff, so it ends within remoteMaxBackoff of the change;
+// a Store that is also a Watcher announces changes, which ends the wait at
+// once. A lost announcement costs a backoff, never a stuck request, and a
+// session that no request holds costs nothing.
+
+// Backoff between reads of the shared state while a request waits on
+// another instance: short, since the change usually comes within
+// milliseconds, and capped so a long wait costs a few calls a second.
+const (
+	remoteFirstBackoff = 2 * time.Millisecond
+	remoteMaxBackoff   = 100 * time.Millisecond
+)
+
+// Watcher is a Store that announces changes made by any instance: a record
+// opened, a session's cluster turn handed on.
+type Watcher interface {
+	// Watch calls changed with the StoreKey of each session whose shared
+	// state changed, until stop is called. Announcements may be lost (a
+	// reconnect); the table reads the state again after a backoff anyway.
+	Watch(changed func(key string)) (stop func())
+}
+
+// remoteWaits is the table's index of the sessions waiting on another
+// instance, by StoreKey, so that an announcement finds them.
+type remoteWaits struct {
+	mu       sync.Mutex
+	sessions map[string]*remoteWait
+	stop     func() // ends the watch of the Store below
+	watching Store
+}
+
+type remoteWait struct {
+	s     *Session
+	count int // waits on s in progress
+}
+
+// watch starts announcements from store if it is a Watcher, ending those
+// of a Store watched before. Called by Configure.
+func (t *Table) watch(store Store) {
+	r := &t.remote
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if store == r.watching {
+		return
+	}
+	if r.stop != nil {
+		r.stop()
+		r.stop = nil
+	}
+	r.watching = store
+	if w, ok := store.(Watcher); ok {
+		r.stop = w.Watch(t.changedElsewhere)
+	}
+}
+
+// unwatch ends announcements; the table is closing.
+func (t *Table) unwatch() { t.watch(nil) }
+
+// changedElsewhere wakes the requests waiting on session key, if any.
+func (t *Table) changedElsewhere(key string) {
+	t.remote.mu.Lock()
+	w := t.remote.sessions[key]
+	t.remote.mu.Unlock()
+	if w == nil {
+		return
+	}
+	s := w.s
+	s.mu.Lock()
+	s.wakeRemoteWaits()
+	s.mu.Unlock()
+}
+
+// awaitRemote registers a wait on s for announcements; the returned
+// function ends it.
+func (t *Table) awaitRemote(s *Session) (done func()) {
+	key := StoreKey(s.id)
+	r := &t.remote
+	r.mu.Lock()
+	if r.sessions == nil {
+		r.sessions = map[string]*remoteWait{}
+	}
+	w := r.sessions[key]
+	if w == nil || w.s != s {
+		w = &remoteWait{s: s}
+		r.sessions[key] = w
+	}
+	w.count++
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		if w.count--; w.count == 0 && r.sessions[key] == w {
+			delete(r.sessions, key)
+		}
+		r.mu.Unlock()
+	}
+}
+
+// remoteChange returns a channel closed at the next announcement for s.
+// Take it before reading the shared state, so that a change announced
+// during the read is not missed. Caller holds s.mu.
+func (s *Session) remoteChange() <-chan struct{} {
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	return s.changed
+}
+
+// wakeRemoteWaits ends the current remoteChange channel. Caller holds s.mu.
+func (s *Session) wakeRemoteWaits() {
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
+}
+
+// pause waits for an announcement, d on the table's clock, the caller
+// giving up (cancel), or the table closing (false).
+func (t *Table) pause(changed, cancel <-chan struct{}, d time.Duration) bool {
+	woke := make(chan struct{})
+	stop := t.clock.AfterFunc(d, func() { close(woke) })
+	defer stop()
+	select {
+	case <-changed:
+	case <-cancel:
+	case <-woke:
+	case <-t.stop:
+		return false
+	}
+	return true
+}
+
+// watchGateIfHeld starts watching the record of s while a request is held
+// at its gate, if no watch runs yet: the gate may open on another
+// instance. Caller holds s.mu.
+func (s *Session) watchGateIfHeld() {
+	store := s.table.config().Store
+	if store == nil || s.gate != gateInitializing || s.lookingUp || s.gone || s.gateWatched {
+		return
+	}
+	s.gateWatched = true
+	go s.watchGate(store)
+}
+
+// watchGate reads s's record until it says open (the gate then opens
+// here too) or nothing is held at the gate any more: the gate opened or
+// timed out here, or no request holds the session.
+func (s *Session) watchGate(store Store) {
+	t := s.table
+	defer t.awaitRemote(s)()
+	backoff := remoteFirstBackoff
+	for {
+		s.mu.Lock()
+		changed := s.remoteChange()
+		if s.gate != gateInitializing || s.gone || s.refs.Load() == 0 {
+			s.gateWatched = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		if !t.pause(changed, nil, backoff) {
+			return
+		}
+		backoff = min(2*backoff, remoteMaxBackoff)
+		rec, found, err := lookupRecord(store, t.config(), s.id)
+		if err == nil && found && rec.Open {
+			s.mu.Lock()
+			s.openedElsewhere()
+			s.gateWatched = false
+			s.mu.Unlock()
+			t.gateSettled(s)
+			return
+		}
+	}
+}

@@ -1,0 +1,454 @@
+package serializer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// memTurns is a TurnStore (and, with announce set, a Watcher) on
+// TicketLines, on the tests' fake clock.
+type memTurns struct {
+	*fakeStore
+	clock *fakeClock
+
+	mu       sync.Mutex
+	lines    map[string]*TicketLine
+	fail     error
+	announce bool
+	watchers map[int]func(string)
+	nextW    int
+}
+
+func newMemTurns(clock *fakeClock, announce bool) *memTurns {
+	return &memTurns{fakeStore: newFakeStore(), clock: clock, lines: map[string]*TicketLine{}, announce: announce, watchers: map[int]func(string){}}
+}
+
+func (m *memTurns) line(id string) (*TicketLine, error) {
+	if m.fail != nil {
+		return nil, m.fail
+	}
+	l := m.lines[id]
+	if l == nil {
+		l = &TicketLine{}
+		m.lines[id] = l
+	}
+	return l, nil
+}
+
+func (m *memTurns) TakeTicket(_ context.Context, id string, lease, claim time.Duration) (int64, TicketState, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l, err := m.line(id)
+	if err != nil {
+		return 0, 0, err
+	}
+	n, st := l.Take(m.clock.Now(), lease, claim)
+	return n, st, nil
+}
+
+func (m *memTurns) ClaimTicket(_ context.Context, id string, ticket int64, lease, claim time.Duration) (TicketState, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l, err := m.line(id)
+	if err != nil {
+		return 0, err
+	}
+	return l.Claim(ticket, m.clock.Now(), lease, claim), nil
+}
+
+func (m *memTurns) RenewTicket(_ context.Context, id string, ticket int64, lease time.Duration) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l, err := m.line(id)
+	if err != nil {
+		return false, err
+	}
+	return l.Renew(ticket, m.clock.Now(), lease), nil
+}
+
+func (m *memTurns) ReleaseTicket(_ context.Context, id string, ticket int64, claim time.Duration) error {
+	m.mu.Lock()
+	l, err := m.line(id)
+	if err != nil {
+		m.mu.Unlock()
+		return err
+	}
+	handedOn := l.Release(ticket, m.clock.Now(), claim)
+	m.mu.Unlock()
+	if handedOn {
+		m.changed(id)
+	}
+	return nil
+}
+
+func (m *memTurns) Opened(ctx context.Context, id string) error {
+	err := m.fakeStore.Opened(ctx, id)
+	if err == nil {
+		m.changed(id)
+	}
+	return err
+}
+
+func (m *memTurns) changed(id string) {
+	m.mu.Lock()
+	var ws []func(string)
+	if m.announce {
+		for _, w := range m.watchers {
+			ws = append(ws, w)
+		}
+	}
+	m.mu.Unlock()
+	for _, w := range ws {
+		w(StoreKey(id))
+	}
+}
+
+func (m *memTurns) Watch(changed func(string)) func() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i := m.nextW
+	m.nextW++
+	m.watchers[i] = changed
+	return func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		delete(m.watchers, i)
+	}
+}
+
+func (m *memTurns) setFail(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fail = err
+}
+
+// newCluster returns n tables with cluster turns on one memTurns.
+func newCluster(t *testing.T, n int, announce bool) ([]*Table, *memTurns, *fakeClock) {
+	t.Helper()
+	clock := newFakeClock()
+	turns := newMemTurns(clock, announce)
+	tabs := make([]*Table, n)
+	for i := range tabs {
+		cfg := Defaults()
+		cfg.Clock = clock
+		cfg.Store = turns
+		cfg.Turns = turns
+		tabs[i] = NewTable(cfg)
+		t.Cleanup(tabs[i].Close)
+	}
+	return tabs, turns, clock
+}
+
+// openSession makes id a known, open session on every table.
+func openSession(t *testing.T, turns *memTurns, id string) {
+	t.Helper()
+	turns.put(id, Record{Open: true})
+}
+
+func TestClusterTurnRunsASessionsRequestsOneAtATimeAcrossInstances(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	first := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	if first.err != nil {
+		t.Fatal(first.err)
+	}
+	second := make(chan result, 1)
+	go func() {
+		turn, err := tabs[1].Acquire(bg, "s", 0)
+		second <- result{turn, err}
+	}()
+	mustWait(t, second) // the first is still upstream on the other instance
+	first.turn.Done(200)
+	r := mustGet(t, second) // announced: no clock needed
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.turn.Done(200)
+}
+
+func TestClusterTurnWithoutAnnouncementsEndsWithinABackoff(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 2, false)
+	openSession(t, turns, "s")
+	first := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	second := make(chan result, 1)
+	go func() {
+		turn, err := tabs[1].Acquire(bg, "s", 0)
+		second <- result{turn, err}
+	}()
+	mustWait(t, second)
+	first.turn.Done(200)
+	mustWait(t, second) // nothing announced it
+	for range 10 {
+		clock.Advance(remoteMaxBackoff)
+		select {
+		case r := <-second:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			r.turn.Done(200)
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatal("the waiting request did not read the turn again within its backoff")
+}
+
+func TestClusterTurnsGoInTheOrderTaken(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 3, true)
+	openSession(t, turns, "s")
+	first := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	var order []int
+	var mu sync.Mutex
+	done := make(chan struct{}, 2)
+	for _, i := range []int{1, 2} {
+		before := ticketsTaken(turns, "s")
+		go func() {
+			turn, err := tabs[i].Acquire(bg, "s", 0)
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			turn.Done(200)
+			done <- struct{}{}
+		}()
+		eventually(t, func() bool { return ticketsTaken(turns, "s") > before })
+	}
+	first.turn.Done(200)
+	<-done
+	<-done
+	if order[0] != 1 || order[1] != 2 {
+		t.Fatalf("served in the order %v, want [1 2] (the order the tickets were taken)", order)
+	}
+}
+
+func ticketsTaken(m *memTurns, id string) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if l := m.lines[id]; l != nil {
+		return l.Next
+	}
+	return 0
+}
+
+func TestDeadInstancesTurnIsPassedOverWhenItsLeaseRunsOut(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 1, true)
+	openSession(t, turns, "s")
+	// An instance took the turn, then died: nobody renews its lease.
+	if _, st, _ := turns.TakeTicket(bg, "s", TurnLease, TurnClaim); st != TicketServed {
+		t.Fatalf("first ticket: %v, want served", st)
+	}
+	waiting := make(chan result, 1)
+	go func() {
+		turn, err := tabs[0].Acquire(bg, "s", 0)
+		waiting <- result{turn, err}
+	}()
+	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
+	clock.Advance(TurnLease - time.Millisecond)
+	mustWait(t, waiting)
+	clock.Advance(2 * remoteMaxBackoff)
+	r := mustGet(t, waiting)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.turn.Done(200)
+}
+
+func TestLiveHolderRenewsItsLeaseForALongExchange(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	long := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	waiting := make(chan result, 1)
+	go func() {
+		turn, err := tabs[1].Acquire(bg, "s", 0)
+		waiting <- result{turn, err}
+	}()
+	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
+	for range 12 { // four leases
+		clock.Advance(TurnLease / 6)
+	}
+	mustWait(t, waiting)
+	long.turn.Done(200)
+	mustGet(t, waiting).turn.Done(200)
+}
+
+func TestHolderPassedOverCannotHandOnTheNextTurn(t *testing.T) {
+	var l TicketLine
+	now := time.Unix(0, 0)
+	late, _ := l.Take(now, TurnLease, TurnClaim)
+	next, _ := l.Take(now, TurnLease, TurnClaim)
+	after, _ := l.Take(now, TurnLease, TurnClaim)
+	now = now.Add(TurnLease + time.Millisecond)
+	if st := l.Claim(next, now, TurnLease, TurnClaim); st != TicketServed {
+		t.Fatalf("next after the lease ran out: %v, want served", st)
+	}
+	if l.Renew(late, now, TurnLease) {
+		t.Fatal("the late holder renewed a lease it had lost")
+	}
+	l.Release(late, now, TurnClaim)
+	if st := l.Claim(after, now, TurnLease, TurnClaim); st != TicketWaiting {
+		t.Fatalf("after the late holder's release: %v, want still waiting behind next", st)
+	}
+}
+
+func TestWithdrawnTicketIsSkipped(t *testing.T) {
+	var l TicketLine
+	now := time.Unix(0, 0)
+	a, _ := l.Take(now, TurnLease, TurnClaim)
+	gone, _ := l.Take(now, TurnLease, TurnClaim)
+	c, _ := l.Take(now, TurnLease, TurnClaim)
+	l.Release(gone, now, TurnClaim)
+	if !l.Release(a, now, TurnClaim) {
+		t.Fatal("release of the served ticket handed on nothing")
+	}
+	if st := l.Claim(c, now, TurnLease, TurnClaim); st != TicketServed {
+		t.Fatalf("ticket after a withdrawn one: %v, want served", st)
+	}
+	if len(l.Withdrawn) != 0 {
+		t.Fatalf("withdrawn marks left behind: %v", l.Withdrawn)
+	}
+}
+
+func TestUnclaimedTurnIsPassedOverAndItsWaiterTakesANewTicket(t *testing.T) {
+	var l TicketLine
+	now := time.Unix(0, 0)
+	a, _ := l.Take(now, TurnLease, TurnClaim)
+	slow, _ := l.Take(now, TurnLease, TurnClaim)
+	l.Release(a, now, TurnClaim)
+	now = now.Add(TurnClaim + time.Millisecond)
+	if st := l.Claim(slow, now, TurnLease, TurnClaim); st != TicketPassedOver {
+		t.Fatalf("claim after the window: %v, want passed over", st)
+	}
+	if n, st := l.Take(now, TurnLease, TurnClaim); st != TicketServed {
+		t.Fatalf("new ticket %d: %v, want served (the turn is free)", n, st)
+	}
+}
+
+func TestLostLineMakesWaitersTakeNewTickets(t *testing.T) {
+	var l TicketLine // the engine restarted empty
+	if st := l.Claim(7, time.Unix(0, 0), TurnLease, TurnClaim); st != TicketPassedOver {
+		t.Fatalf("unknown ticket: %v, want passed over", st)
+	}
+	if l.Release(5, time.Unix(0, 0), TurnClaim) {
+		t.Fatal("release of an unknown ticket handed on a turn")
+	}
+}
+
+func TestEngineDownLetsTheRequestGoInThisInstancesOrder(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 1, true)
+	openSession(t, turns, "s")
+	turns.setFail(errStoreDown)
+	r := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	if r.err != nil || r.turn.cluster != nil {
+		t.Fatalf("err=%v cluster=%v, want a turn here only", r.err, r.turn.cluster)
+	}
+	queued := acquireAsync(t, tabs[0], bg, "s", 0)
+	mustWait(t, queued) // this instance's order still holds
+	r.turn.Done(200)
+	mustGet(t, queued).turn.Done(200)
+}
+
+func TestClusterTurnWaitEndsAtQueueTimeoutAndWithdrawsTheTicket(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	long := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	gaveUp := make(chan result, 1)
+	go func() {
+		turn, err := tabs[1].Acquire(bg, "s", 0)
+		gaveUp <- result{turn, err}
+	}()
+	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
+	for range 40 {
+		clock.Advance(Defaults().QueueTimeout / 20) // renewals keep the long turn
+		if len(gaveUp) > 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if r := mustGet(t, gaveUp); !errors.Is(r.err, ErrQueueTimeout) {
+		t.Fatalf("err = %v, want ErrQueueTimeout", r.err)
+	}
+	next := make(chan result, 1)
+	go func() {
+		turn, err := tabs[1].Acquire(bg, "s", 0)
+		next <- result{turn, err}
+	}()
+	eventually(t, func() bool { return ticketsTaken(turns, "s") == 3 })
+	long.turn.Done(200)
+	r := mustGet(t, next) // not held behind the withdrawn ticket
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.turn.Done(200)
+}
+
+func TestRepliesAreNotOrderedAcrossInstances(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	stream := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	reply := mustGet(t, acquireAsync(t, tabs[1], bg, "s", RepliesOnly))
+	if reply.err != nil || reply.turn.cluster != nil {
+		t.Fatalf("reply: err=%v cluster=%v, want a turn without a ticket", reply.err, reply.turn.cluster)
+	}
+	reply.turn.Done(202)
+	stream.turn.Done(200)
+}
+
+func TestGateOpenedElsewhereReleasesHeldRequestsWhenAnnounced(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 3, true)
+	creator, held, acker := tabs[0], tabs[1], tabs[2]
+	initialize, _ := creator.Begin("s", nil)
+	initialize.Done(200)
+	eventually(t, func() bool { rec, _ := turns.record("s"); return !rec.InitializeInFlight })
+
+	setLevel := acquireAsync(t, held, bg, "s", 0)                      // round robin: one here,
+	toolsList := acquireAsync(t, creator, bg, "s", 0)                  // one on the creator,
+	initialized := acquireAsync(t, acker, bg, "s", CarriesInitialized) // the ack on a third
+	mustWait(t, setLevel)
+	mustWait(t, toolsList)
+	mustGet(t, initialized).turn.Done(202)
+	// No clock moves: the announcement of Opened wakes both gates.
+	r := mustGet(t, setLevel)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.turn.Done(200)
+	r = mustGet(t, toolsList)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.turn.Done(200)
+}
+
+func TestGateOpenedElsewhereReleasesHeldRequestsWithinABackoff(t *testing.T) {
+	store := newFakeStore() // no announcements, no cluster turns
+	tabs, clock := newInstances(t, 2, store, nil)
+	creator, acker := tabs[0], tabs[1]
+	initialize, _ := creator.Begin("s", nil)
+	initialize.Done(200)
+	eventually(t, func() bool { rec, _ := store.record("s"); return !rec.InitializeInFlight })
+	toolsList := acquireAsync(t, creator, bg, "s", 0)
+	mustGet(t, acquireAsync(t, acker, bg, "s", CarriesInitialized)).turn.Done(202)
+	eventually(t, func() bool { rec, _ := store.record("s"); return rec.Open })
+	mustWait(t, toolsList)
+	for range 10 {
+		clock.Advance(remoteMaxBackoff)
+		select {
+		case r := <-toolsList:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			r.turn.Done(200)
+			if n := store.count("Lookup"); n > 10 {
+				t.Fatalf("%d lookups for one held request", n)
+			}
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatal("the held request stayed held after the record opened (init_timeout would have released it)")
+}
