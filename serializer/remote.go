@@ -140,21 +140,34 @@ func (t *Table) pause(changed, cancel <-chan struct{}, d time.Duration) bool {
 	return true
 }
 
+// nextRemoteChange returns a channel closed at the next announcement for
+// s. Take it before reading the shared state, so that a change announced
+// during the read is not missed.
+func (s *Session) nextRemoteChange() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.remoteChange()
+}
+
 // watchGateIfHeld starts watching the record of s while a request is held
-// at its gate, if no watch runs yet: the gate may open on another
-// instance. Caller holds s.mu.
+// at its gate, if no watch runs yet, with cluster turns only: the front
+// spreads a session's requests, so its gate may open on another instance.
+// Behind a front that keeps a session on one instance, the
+// notifications/initialized that opens the gate comes here, and no read
+// is needed. Caller holds s.mu.
 func (s *Session) watchGateIfHeld() {
-	store := s.table.config().Store
-	if store == nil || s.gate != gateInitializing || s.lookingUp || s.gone || s.gateWatched {
+	cfg := s.table.config()
+	if cfg.Turns == nil || cfg.Store == nil || s.gate != gateInitializing || s.lookingUp || s.gone || s.gateWatched {
 		return
 	}
 	s.gateWatched = true
-	go s.watchGate(store)
+	go s.watchGate(cfg.Store)
 }
 
 // watchGate reads s's record until it says open (the gate then opens
 // here too) or nothing is held at the gate any more: the gate opened or
-// timed out here, or no request holds the session.
+// timed out here, or no request holds the session. The first read is at
+// once: the record may have opened before the watch began.
 func (s *Session) watchGate(store Store) {
 	t := s.table
 	defer t.awaitRemote(s)()
@@ -168,10 +181,6 @@ func (s *Session) watchGate(store Store) {
 			return
 		}
 		s.mu.Unlock()
-		if !t.pause(changed, nil, backoff) {
-			return
-		}
-		backoff = min(2*backoff, remoteMaxBackoff)
 		rec, found, err := lookupRecord(store, t.config(), s.id)
 		if err == nil && found && rec.Open {
 			s.mu.Lock()
@@ -181,5 +190,9 @@ func (s *Session) watchGate(store Store) {
 			t.gateSettled(s)
 			return
 		}
+		if !t.pause(changed, nil, backoff) {
+			return
+		}
+		backoff = min(2*backoff, remoteMaxBackoff)
 	}
 }

@@ -115,14 +115,16 @@ func (s *Session) waitTicket(ctx context.Context, cfg *Config, deadline time.Tim
 	call := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), cfg.StoreTimeout)
 	}
+	// Listening before the ticket is taken: a hand-on announced between
+	// the read and the wait is not missed.
+	defer t.awaitRemote(s)()
+	changed := s.nextRemoteChange()
 	cctx, cancel := call()
 	ticket, state, err := store.TakeTicket(cctx, s.id, TurnLease, TurnClaim)
 	cancel()
 	if err != nil {
 		return nil, nil // engine down: this instance's order only
 	}
-	done := t.awaitRemote(s)
-	defer done()
 	withdraw := func() {
 		cctx, cancel := call()
 		_ = store.ReleaseTicket(cctx, s.id, ticket, TurnClaim)
@@ -136,15 +138,8 @@ func (s *Session) waitTicket(ctx context.Context, cfg *Config, deadline time.Tim
 		case TicketPassedOver:
 			return nil, errPassedOver
 		}
-		s.mu.Lock()
-		changed := s.remoteChange()
-		s.mu.Unlock()
 		left := deadline.Sub(t.clock.Now())
-		if left <= 0 {
-			withdraw()
-			return nil, ErrQueueTimeout
-		}
-		if !t.pause(changed, ctx.Done(), min(backoff, left)) {
+		if left <= 0 || !t.pause(changed, ctx.Done(), min(backoff, left)) {
 			withdraw()
 			return nil, ErrQueueTimeout
 		}
@@ -153,6 +148,7 @@ func (s *Session) waitTicket(ctx context.Context, cfg *Config, deadline time.Tim
 			return nil, err
 		}
 		backoff = min(2*backoff, remoteMaxBackoff)
+		changed = s.nextRemoteChange()
 		cctx, cancel := call()
 		state, err = store.ClaimTicket(cctx, s.id, ticket, TurnLease, TurnClaim)
 		cancel()
