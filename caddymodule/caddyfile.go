@@ -39,6 +39,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    max_buffered    <size>
 //	    get_stream      reject|forward
 //	    state           redis|storage [{ <engine settings> }]
+//	    order           local|cluster
 //	}
 //
 // Every setting is optional; defaults are applied in Provision. The
@@ -87,6 +88,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.MaxBuffered = int64(size)
 		case "get_stream":
 			h.GetStream = val
+		case "order":
+			h.Order = val
 		default:
 			return d.Errf("unrecognized mcp_serializer setting %q", setting)
 		}

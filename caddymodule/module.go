@@ -74,6 +74,11 @@ type Handler struct {
 	// namespace (redis, storage). Default: none; sessions are known to
 	// this instance only.
 	StateRaw json.RawMessage `json:"state,omitempty" caddy:"namespace=http.handlers.mcp_serializer.state inline_key=module"`
+	// Where a session's order is kept: local (on each instance: one
+	// instance, or a front that sends all of a session's requests to one)
+	// or cluster (across instances, on the state engine: any front, round
+	// robin included; needs state redis). Default: local.
+	Order string `json:"order,omitempty"`
 
 	budget        *bodyBudget // max_buffered and what is held of it
 	onInitTimeout serializer.TimeoutAction
@@ -123,8 +128,21 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if !ok {
 			return fmt.Errorf("state: %T %w", mod, errNotStateEngine)
 		}
-		cfg.Store = newSharedState(engine, cfg.SessionTTL, h.logger)
+		shared := newSharedState(engine, cfg.SessionTTL, h.logger)
+		cfg.Store = shared
 		cfg.StoreTimeout = engine.CallTimeout()
+		if h.Order == orderCluster {
+			turns, ok := engine.(TurnEngine)
+			if !ok {
+				return fmt.Errorf("order cluster: the %s state engine cannot order requests across instances; "+
+					"use state redis, or a front that sends each session to one instance (a hash of Mcp-Session-Id) with order local",
+					mod.(caddy.Module).CaddyModule().ID.Name())
+			}
+			cluster := newClusterState(shared, turns)
+			cfg.Store, cfg.Turns = cluster, cluster
+		}
+	} else if h.Order == orderCluster {
+		return fmt.Errorf("order cluster needs shared state (state redis): the instances keep each session's turn there")
 	}
 
 	h.settings, h.generation = cfg, provisions.Add(1)
@@ -212,6 +230,13 @@ func (h *Handler) config() (serializer.Config, error) {
 			h.MaxBody, h.MaxBuffered)
 	}
 	h.budget = &bodyBudget{limit: h.MaxBuffered}
+	switch h.Order {
+	case "":
+		h.Order = orderLocal
+	case orderLocal, orderCluster:
+	default:
+		return cfg, fmt.Errorf("order: unknown value %q (want local or cluster)", h.Order)
+	}
 	switch h.GetStream {
 	case "":
 		h.GetStream = getStreamReject

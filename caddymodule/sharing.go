@@ -46,7 +46,7 @@ var claims sync.Map // tableUse -> *tableClaim
 // reports how they differ from those of a handler provisioned before it.
 func (h *Handler) claimTable(ctx caddy.Context, cfg serializer.Config) error {
 	use := tableUse{config: ctx.GetMetricsRegistry(), name: h.Name}
-	mine := &tableClaim{settings: tableSettings(cfg), state: h.StateRaw}
+	mine := &tableClaim{settings: append(tableSettings(cfg), setting{"order", h.Order}), state: h.StateRaw}
 	v, loaded := claims.LoadOrStore(use, mine)
 	if !loaded {
 		h.claim, h.claimed = use, mine

@@ -57,10 +57,17 @@ const (
 	opTouch
 	opForget
 	opLookup
+	// Cluster turns (statecluster.go).
+	opTake
+	opClaim
+	opRenew
+	opRelease
+	opAnnounce
 	numStateOps
 )
 
-var stateOpNames = [numStateOps]string{"created", "initialize_ended", "opened", "touch", "forget", "lookup"}
+var stateOpNames = [numStateOps]string{"created", "initialize_ended", "opened", "touch", "forget", "lookup",
+	"take", "claim", "renew", "release", "announce"}
 
 func (o stateOp) String() string { return stateOpNames[o] }
 

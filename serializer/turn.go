@@ -44,6 +44,12 @@ const (
 	TurnClaim = 1 * time.Second
 )
 
+// TurnLineTTL is how long an engine keeps a session's TicketLine after its
+// last change: every live ticket changes it more often than that (a
+// holder renews every TurnLease/3, a waiter reads it every
+// remoteMaxBackoff), and a line left alone is free, as is no line.
+const TurnLineTTL = 3 * TurnLease
+
 // TicketState is what the engine says of a ticket.
 type TicketState uint8
 

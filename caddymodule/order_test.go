@@ -1,0 +1,28 @@
+package caddymodule_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+func TestOrderClusterIsRefusedWhereItCannotWork(t *testing.T) {
+	for _, tc := range []struct{ state, want string }{
+		{"state storage\n\t\torder cluster", "order cluster: the storage state engine cannot order requests across instances"},
+		{"order cluster", "order cluster needs shared state (state redis)"},
+		{"state redis\n\t\torder everywhere", `order: unknown value "everywhere" (want local or cluster)`},
+	} {
+		caddyfile := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\nhttp://127.0.0.1:%d {\n\tmcp_serializer {\n\t\t%s\n\t}\n\trespond ok\n}\n",
+			freePort(t), tc.state)
+		err := loadCaddyfile(t, caddyfile)
+		if err == nil {
+			_ = caddy.Stop()
+			t.Fatalf("%q loaded; want it refused", tc.state)
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err = %v, want one saying %q", tc.state, err, tc.want)
+		}
+	}
+}
