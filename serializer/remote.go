@@ -46,21 +46,32 @@ type remoteWait struct {
 }
 
 // watch starts announcements from store if it is a Watcher, ending those
-// of a Store watched before. Called by Configure.
+// of a Store watched before. Called by Configure. The old watch is stopped
+// outside the lock: stopping waits for an announcement being delivered,
+// which takes the lock.
 func (t *Table) watch(store Store) {
 	r := &t.remote
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if store == r.watching {
+		r.mu.Unlock()
 		return
 	}
-	if r.stop != nil {
-		r.stop()
-		r.stop = nil
+	old := r.stop
+	r.watching, r.stop = store, nil
+	r.mu.Unlock()
+	if old != nil {
+		old()
 	}
-	r.watching = store
 	if w, ok := store.(Watcher); ok {
-		r.stop = w.Watch(t.changedElsewhere)
+		stop := w.Watch(t.changedElsewhere)
+		r.mu.Lock()
+		if r.watching == store {
+			r.stop, stop = stop, nil
+		}
+		r.mu.Unlock()
+		if stop != nil {
+			stop() // another Configure came first
+		}
 	}
 }
 

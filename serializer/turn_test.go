@@ -476,3 +476,54 @@ func TestHeldRequestCostsNoReadWithoutClusterTurns(t *testing.T) {
 		t.Fatalf("%d lookups while the request was held, want none", n-lookups)
 	}
 }
+
+func TestReconfiguringWhileAnAnnouncementIsDeliveredDoesNotDeadlock(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 1, true)
+	tab := tabs[0]
+	blocking := &blockingWatcher{memTurns: turns, delivering: make(chan struct{})}
+	cfg := *tab.config()
+	cfg.Store, cfg.Turns = blocking, blocking
+	tab.Configure(cfg)
+	go blocking.deliver(StoreKey("s"))
+	<-blocking.delivering
+	done := make(chan struct{})
+	go func() {
+		other := newMemTurns(newFakeClock(), true) // a reload's new store
+		cfg.Store, cfg.Turns = other, other
+		tab.Configure(cfg)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Configure did not return while an announcement was being delivered")
+	}
+}
+
+// blockingWatcher delivers one announcement that waits for the table's
+// watch lock, as a subscription goroutine would.
+type blockingWatcher struct {
+	*memTurns
+	delivering chan struct{}
+	mu         sync.Mutex
+	changed    func(string)
+	stopped    chan struct{}
+}
+
+func (b *blockingWatcher) Watch(changed func(string)) func() {
+	b.mu.Lock()
+	b.changed = changed
+	b.stopped = make(chan struct{})
+	b.mu.Unlock()
+	return func() { <-b.stopped } // waits for the delivery in progress
+}
+
+func (b *blockingWatcher) deliver(key string) {
+	b.mu.Lock()
+	changed, stopped := b.changed, b.stopped
+	b.mu.Unlock()
+	close(b.delivering)
+	time.Sleep(10 * time.Millisecond) // let Configure start stopping the watch
+	changed(key)
+	close(stopped)
+}
