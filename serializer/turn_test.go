@@ -464,6 +464,7 @@ func TestHeldRequestCostsNoReadWithoutClusterTurns(t *testing.T) {
 	initialize.Done(200)
 	eventually(t, func() bool { rec, _ := store.record("s"); return !rec.InitializeInFlight })
 	setLevel := acquireAsync(t, tabs[1], bg, "s", 0)
+	eventually(t, func() bool { return adoptionDone(tabs[1], "s") })
 	lookups := store.count("Lookup") // the first sight's
 	initialized := mustGet(t, acquireAsync(t, tabs[1], bg, "s", CarriesInitialized))
 	for range 5 {
