@@ -18,8 +18,8 @@ import (
 
 // clusterOptions describes several Caddy instances, each with mcp_serializer
 // in front of its own upstream, all upstreams on one shared session store,
-// and a front Caddy that spreads requests over the instances by a hash of
-// Mcp-Session-Id.
+// and a front that spreads requests over the instances: by default a Caddy
+// hashing Mcp-Session-Id.
 type clusterOptions struct {
 	Instances int // default 3
 	// State is the mcp_serializer `state` line or block ("" for none),
@@ -33,10 +33,19 @@ type clusterOptions struct {
 	Stub bool
 	// PHPWorkers is the size of each instance's PHP-FPM pool (default 4).
 	PHPWorkers int
-	// Front holds extra lines for the front's reverse_proxy block (health
-	// checks, lb_try_duration).
+	// Order is mcp_serializer's `order` setting on every instance ("" leaves
+	// it out: the default, local).
+	Order string
+	// Balancer is the front (default: Caddy with lb_policy header
+	// Mcp-Session-Id).
+	Balancer balancer
+	// Front holds extra lines for a Caddy front's reverse_proxy block
+	// (health checks, lb_try_duration).
 	Front string
 }
+
+// clusterInitTimeout is the instances' init_timeout.
+const clusterInitTimeout = 10 * time.Second
 
 // cluster is a running set of instances behind a front.
 type cluster struct {
@@ -84,7 +93,10 @@ func startCluster(t *testing.T, opts clusterOptions) *cluster {
 		}
 	}
 
-	serializer := "\t\tmcp_serializer {\n\t\t\tget_stream reject\n\t\t\tinit_timeout 10s\n\t\t\tqueue_timeout 30s\n"
+	serializer := "\t\tmcp_serializer {\n\t\t\tget_stream reject\n\t\t\tinit_timeout " + clusterInitTimeout.String() + "\n\t\t\tqueue_timeout 30s\n"
+	if opts.Order != "" {
+		serializer += "\t\t\torder " + opts.Order + "\n"
+	}
 	if opts.State != "" {
 		serializer += "\t\t\t" + strings.ReplaceAll(strings.TrimSpace(opts.State), "\n", "\n\t\t\t") + "\n"
 	}
@@ -103,16 +115,7 @@ func startCluster(t *testing.T, opts clusterOptions) *cluster {
 		dials = append(dials, "127.0.0.1:"+strconv.Itoa(in.Port))
 	}
 
-	front := "\treverse_proxy " + strings.Join(dials, " ") + " {\n" +
-		"\t\t# initialize carries no session id and lands on any instance;\n" +
-		"\t\t# every later request of the session on the one its id hashes to.\n" +
-		"\t\tlb_policy header Mcp-Session-Id\n" +
-		"\t\tflush_interval -1\n"
-	if opts.Front != "" {
-		front += "\t\t" + strings.ReplaceAll(strings.TrimSpace(opts.Front), "\n", "\n\t\t") + "\n"
-	}
-	front += "\t}\n"
-	c.Front = startCaddy(t, caddySite(front))
+	c.Front = startFront(t, opts, dials)
 	return c
 }
 
@@ -216,12 +219,18 @@ func (in *caddyInstance) metrics(t testing.TB, name string) map[string]float64 {
 // instances that are running, by label set.
 func (c *cluster) stateErrors(t testing.TB) map[string]float64 {
 	t.Helper()
+	return c.metrics(t, "caddy_mcp_serializer_state_errors_total")
+}
+
+// metrics sums a metric over the instances that are running, by label set.
+func (c *cluster) metrics(t testing.TB, name string) map[string]float64 {
+	t.Helper()
 	total := map[string]float64{}
 	for _, in := range c.Instances {
 		if !in.proc.running() {
 			continue
 		}
-		for labels, v := range in.metrics(t, "caddy_mcp_serializer_state_errors_total") {
+		for labels, v := range in.metrics(t, name) {
 			total[labels] += v
 		}
 	}

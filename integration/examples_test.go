@@ -43,8 +43,9 @@ func TestExampleCaddyfilesAdapt(t *testing.T) {
 }
 
 // The cluster example's Caddyfiles adapt: each instance runs mcp_serializer
-// with the shared state in Redis before its reverse_proxy, and the front
-// hashes Mcp-Session-Id over the instances.
+// with the shared state in Redis before its reverse_proxy, order local
+// unless ORDER=cluster, and the front hashes Mcp-Session-Id over the
+// instances unless FRONT_POLICY=round_robin.
 func TestClusterExampleCaddyfilesAdapt(t *testing.T) {
 	dir := filepath.Join(repoRoot(t), "examples", "cluster")
 	instance := caddyAdapt(t, filepath.Join(dir, "instance.Caddyfile"))
@@ -56,6 +57,12 @@ func TestClusterExampleCaddyfilesAdapt(t *testing.T) {
 	if !strings.Contains(instance, `"module":"redis"`) || !strings.Contains(instance, `"127.0.0.1:6379"`) {
 		t.Errorf("instance.Caddyfile: want state redis on 127.0.0.1:6379 by default:\n%s", instance)
 	}
+	if !strings.Contains(instance, `"order":"local"`) {
+		t.Errorf("instance.Caddyfile: want order local by default:\n%s", instance)
+	}
+	if cluster := caddyAdapt(t, filepath.Join(dir, "instance.Caddyfile"), "ORDER=cluster"); !strings.Contains(cluster, `"order":"cluster"`) {
+		t.Errorf("instance.Caddyfile with ORDER=cluster: want order cluster:\n%s", cluster)
+	}
 	front := caddyAdapt(t, filepath.Join(dir, "front.Caddyfile"))
 	for _, want := range []string{`"policy":"header"`, `"field":"Mcp-Session-Id"`, `"flush_interval":-1`, `"dial":"127.0.0.1:8083"`} {
 		if !strings.Contains(front, want) {
@@ -65,6 +72,61 @@ func TestClusterExampleCaddyfilesAdapt(t *testing.T) {
 	if strings.Contains(front, "mcp_serializer") {
 		t.Errorf("front.Caddyfile: the front needs no mcp_serializer:\n%s", front)
 	}
+	roundRobin := caddyAdapt(t, filepath.Join(dir, "front.Caddyfile"), "FRONT_POLICY=round_robin")
+	if !strings.Contains(roundRobin, `"selection_policy":{"policy":"round_robin"}`) {
+		t.Errorf("front.Caddyfile with FRONT_POLICY=round_robin: adapted config lacks the round_robin policy:\n%s", roundRobin)
+	}
+}
+
+// The cluster example's nginx.conf and haproxy.cfg pass the programs' own
+// checks as written and in their round-robin variants, the ones
+// TestClusterBehindEachFront runs. Each sends a session to one instance by
+// a consistent hash of Mcp-Session-Id and lets event streams through.
+func TestClusterExampleNginxAndHAProxyConfigsCheck(t *testing.T) {
+	dir := filepath.Join(repoRoot(t), "examples", "cluster")
+	t.Run("nginx", func(t *testing.T) {
+		nginx := sbinTool(t, "nginx")
+		conf := filepath.Join(dir, "nginx.conf")
+		text := renderClusterExample(t, "nginx.conf", nil)
+		for _, want := range []string{nginxExampleHash, "proxy_http_version 1.1;", `proxy_set_header Connection "";`, "proxy_buffering off;", "proxy_read_timeout 1h;"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("nginx.conf lacks %q", want)
+			}
+		}
+		roundRobin := filepath.Join(t.TempDir(), "nginx.conf")
+		if err := os.WriteFile(roundRobin, []byte(renderNginxExample(t, exampleFrontAddr, []string{"127.0.0.1:8081", "127.0.0.1:8082", "127.0.0.1:8083"}, false)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []string{conf, roundRobin} {
+			out, err := exec.Command(nginx, nginxArgs(t.TempDir(), c, "-t")...).CombinedOutput()
+			if err != nil {
+				t.Errorf("nginx -t %s: %v\n%s", c, err, out)
+			}
+		}
+	})
+	t.Run("haproxy", func(t *testing.T) {
+		haproxy := sbinTool(t, "haproxy")
+		conf := filepath.Join(dir, "haproxy.cfg")
+		text := renderClusterExample(t, "haproxy.cfg", nil)
+		for _, want := range []string{haproxyExampleHash, "\thash-type consistent\n", "timeout server 1h"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("haproxy.cfg lacks %q", want)
+			}
+		}
+		roundRobin := filepath.Join(t.TempDir(), "haproxy.cfg")
+		if err := os.WriteFile(roundRobin, []byte(renderHAProxyExample(t, exampleFrontAddr, []string{"127.0.0.1:8081", "127.0.0.1:8082", "127.0.0.1:8083"}, false)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []string{conf, roundRobin} {
+			out, err := exec.Command(haproxy, "-c", "-f", c).CombinedOutput()
+			if err != nil {
+				t.Errorf("haproxy -c -f %s: %v\n%s", c, err, out)
+			}
+			if strings.Contains(string(out), "WARNING") {
+				t.Errorf("haproxy -c -f %s warned:\n%s", c, out)
+			}
+		}
+	})
 }
 
 // The reverse-proxy example, run as written in front of four replicas of the

@@ -1,0 +1,197 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// balancer is the load balancer in front of a cluster's instances.
+type balancer int
+
+const (
+	caddyHeaderHash   balancer = iota // Caddy, lb_policy header Mcp-Session-Id
+	caddyRoundRobin                   // Caddy, lb_policy round_robin
+	nginxHash                         // examples/cluster/nginx.conf as written
+	nginxRoundRobin                   // the same without its hash line
+	haproxyHash                       // examples/cluster/haproxy.cfg as written
+	haproxyRoundRobin                 // the same with balance roundrobin
+)
+
+func (b balancer) String() string {
+	switch b {
+	case caddyHeaderHash:
+		return "caddy_header_hash"
+	case caddyRoundRobin:
+		return "caddy_round_robin"
+	case nginxHash:
+		return "nginx_hash"
+	case nginxRoundRobin:
+		return "nginx_round_robin"
+	case haproxyHash:
+		return "haproxy_hash"
+	case haproxyRoundRobin:
+		return "haproxy_round_robin"
+	}
+	return "balancer(" + strconv.Itoa(int(b)) + ")"
+}
+
+// hashes reports whether the front sends every request of a session to one
+// instance.
+func (b balancer) hashes() bool {
+	return b == caddyHeaderHash || b == nginxHash || b == haproxyHash
+}
+
+// The lines of examples/cluster/nginx.conf and haproxy.cfg the tests
+// replace: the front's address, the instances, and the hash that the
+// round-robin variant drops.
+const (
+	exampleFrontAddr     = "127.0.0.1:8080"
+	nginxExampleServers  = "\t\tserver 127.0.0.1:8081;\n\t\tserver 127.0.0.1:8082;\n\t\tserver 127.0.0.1:8083;\n"
+	nginxExampleHash     = "\t\thash $http_mcp_session_id consistent;\n"
+	haproxyExampleServer = "\tserver instance-1 127.0.0.1:8081\n\tserver instance-2 127.0.0.1:8082\n\tserver instance-3 127.0.0.1:8083\n"
+	haproxyExampleHash   = "\tbalance hdr(Mcp-Session-Id)\n"
+)
+
+// startFront starts the balancer of opts in front of the instances at
+// dials and returns its base URL.
+func startFront(t testing.TB, opts clusterOptions, dials []string) string {
+	t.Helper()
+	switch opts.Balancer {
+	case caddyHeaderHash, caddyRoundRobin:
+		policy := "\t\t# initialize carries no session id and lands on any instance;\n" +
+			"\t\t# every later request of the session on the one its id hashes to.\n" +
+			"\t\tlb_policy header Mcp-Session-Id\n"
+		if opts.Balancer == caddyRoundRobin {
+			policy = "\t\tlb_policy round_robin\n"
+		}
+		front := "\treverse_proxy " + strings.Join(dials, " ") + " {\n" + policy + "\t\tflush_interval -1\n"
+		if opts.Front != "" {
+			front += "\t\t" + strings.ReplaceAll(strings.TrimSpace(opts.Front), "\n", "\n\t\t") + "\n"
+		}
+		front += "\t}\n"
+		return startCaddy(t, caddySite(front))
+	}
+	if opts.Front != "" {
+		t.Fatalf("clusterOptions.Front holds lines for a Caddy front; the %v front runs its file in examples/cluster", opts.Balancer)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	switch opts.Balancer {
+	case nginxHash, nginxRoundRobin:
+		startNginx(t, renderNginxExample(t, addr, dials, opts.Balancer == nginxHash), addr)
+	case haproxyHash, haproxyRoundRobin:
+		startHAProxy(t, renderHAProxyExample(t, addr, dials, opts.Balancer == haproxyHash), addr)
+	default:
+		t.Fatalf("unknown front %v", opts.Balancer)
+	}
+	return "http://" + addr
+}
+
+// renderNginxExample is examples/cluster/nginx.conf listening on addr in
+// front of dials, without its hash line unless hash.
+func renderNginxExample(t testing.TB, addr string, dials []string, hash bool) string {
+	t.Helper()
+	var servers strings.Builder
+	for _, d := range dials {
+		servers.WriteString("\t\tserver " + d + ";\n")
+	}
+	edits := [][2]string{{"listen " + exampleFrontAddr + ";", "listen " + addr + ";"}, {nginxExampleServers, servers.String()}}
+	if !hash {
+		edits = append(edits, [2]string{nginxExampleHash, ""})
+	}
+	return renderClusterExample(t, "nginx.conf", edits)
+}
+
+// renderHAProxyExample is examples/cluster/haproxy.cfg bound to addr in
+// front of dials, with balance roundrobin unless hash.
+func renderHAProxyExample(t testing.TB, addr string, dials []string, hash bool) string {
+	t.Helper()
+	var servers strings.Builder
+	for i, d := range dials {
+		servers.WriteString("\tserver instance-" + strconv.Itoa(i+1) + " " + d + "\n")
+	}
+	edits := [][2]string{{"bind " + exampleFrontAddr + "\n", "bind " + addr + "\n"}, {haproxyExampleServer, servers.String()}}
+	if !hash {
+		edits = append(edits, [2]string{haproxyExampleHash, "\tbalance roundrobin\n"})
+	}
+	return renderClusterExample(t, "haproxy.cfg", edits)
+}
+
+// renderClusterExample reads examples/cluster/<name> and makes each edit
+// (old, new) once, failing when the file no longer holds an old text.
+func renderClusterExample(t testing.TB, name string, edits [][2]string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "examples", "cluster", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	for _, e := range edits {
+		if strings.Count(text, e[0]) != 1 {
+			t.Fatalf("examples/cluster/%s no longer holds %q once; update this test", name, e[0])
+		}
+		text = strings.Replace(text, e[0], e[1], 1)
+	}
+	return text
+}
+
+// sbinTool finds a program that Debian installs in /usr/sbin, which is not
+// on every user's PATH.
+func sbinTool(t testing.TB, name string) string {
+	t.Helper()
+	if path, err := exec.LookPath(name); err == nil {
+		return path
+	}
+	path := "/usr/sbin/" + name
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("%s not found: apt-get install -y %s (or run scripts/install-test-deps)", name, name)
+	}
+	return path
+}
+
+// startNginx runs nginx in the foreground on config, with its pid file and
+// scratch files in a directory of its own (the system nginx's are not
+// touched), and waits until it listens on addr.
+func startNginx(t testing.TB, config, addr string) {
+	t.Helper()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, "nginx.log")
+	dumpOnFailure(t, "nginx", conf, logPath)
+	cmd := exec.Command(sbinTool(t, "nginx"), nginxArgs(dir, conf)...)
+	cmd.Dir = dir
+	// SIGTERM: nginx's fast shutdown, the workers with it.
+	p := startProcess(t, "nginx", cmd, logPath, syscall.SIGTERM, 5*time.Second)
+	waitTCP(t, p, addr, logPath)
+}
+
+// nginxArgs runs conf with the prefix (pid file, scratch files) in dir and
+// errors on stderr; -t first tests it.
+func nginxArgs(dir, conf string, test ...string) []string {
+	return append(test, "-p", dir+"/", "-c", conf, "-e", "stderr", "-g", "daemon off; pid nginx.pid;")
+}
+
+// startHAProxy runs haproxy in the foreground on config and waits until it
+// listens on addr.
+func startHAProxy(t testing.TB, config, addr string) {
+	t.Helper()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(conf, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, "haproxy.log")
+	dumpOnFailure(t, "haproxy", conf, logPath)
+	cmd := exec.Command(sbinTool(t, "haproxy"), "-db", "-f", conf)
+	cmd.Dir = dir
+	p := startProcess(t, "haproxy", cmd, logPath, syscall.SIGTERM, 5*time.Second)
+	waitTCP(t, p, addr, logPath)
+}
