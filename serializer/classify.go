@@ -65,6 +65,7 @@ func Classify(body []byte) (traits Traits, id []byte, method Method) {
 // "batch" for an array, and "" for anything else. The zero value is "".
 type Method struct {
 	raw  []byte // a single message's method, raw string contents
+	text string // or the value of an Mcp-Method header (HeaderMethod)
 	kind methodKind
 }
 
@@ -75,7 +76,27 @@ const (
 	methodNamed
 	methodResponse
 	methodBatch
+	methodHeader
 )
+
+// HeaderMethod is the method a request names in its Mcp-Method header (MCP
+// 2026-07-28 puts it there, so that intermediaries need not read the
+// body); String shows it by the same rule as a body's method.
+func HeaderMethod(v string) Method {
+	if v == "" {
+		return Method{}
+	}
+	return Method{text: v, kind: methodHeader}
+}
+
+// ShowHeader returns a header value fit to show in a log line or a
+// placeholder, by Method.String's rule: a client chooses it.
+func ShowHeader(v string) string {
+	if len(v) <= MaxMethodLen && plainPrintable(v) {
+		return v
+	}
+	return showable([]byte(v))
+}
 
 // MaxMethodLen bounds what Method.String returns, in bytes: the client
 // chooses the method, and it goes into placeholders and access logs.
@@ -96,6 +117,8 @@ func (m Method) String() string {
 			return string(m.raw)
 		}
 		return showable(decodeString(m.raw))
+	case methodHeader:
+		return ShowHeader(m.text)
 	case methodResponse:
 		return "response"
 	case methodBatch:
@@ -107,13 +130,17 @@ func (m Method) String() string {
 // Is reports whether the body is a single message whose method is name,
 // without allocating unless the method holds escapes.
 func (m Method) Is(name string) bool {
+	if m.kind == methodHeader {
+		return m.text == name
+	}
 	return m.kind == methodNamed && stringEquals(m.raw, name)
 }
 
 // plainPrintable reports raw string contents that decode to themselves and
 // are printable ASCII.
-func plainPrintable(raw []byte) bool {
-	for _, c := range raw {
+func plainPrintable[T string | []byte](raw T) bool {
+	for i := range len(raw) {
+		c := raw[i]
 		if c < 0x20 || c > 0x7e || c == '\\' {
 			return false
 		}

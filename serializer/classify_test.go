@@ -107,3 +107,21 @@ func TestMethodIsComparesTheDecodedMethodOfOneMessage(t *testing.T) {
 		t.Fatalf("Classify and Is allocate %.0f times, want none", allocs)
 	}
 }
+
+func TestHeaderMethodIsShownByTheBodysRule(t *testing.T) {
+	for _, tc := range []struct{ header, want string }{
+		{"tools/call", "tools/call"},
+		{"", ""},
+		{"a\x1bb", "a\uFFFDb"},
+		{`say\u0041`, `say\u0041`}, // a header is not JSON: no unescaping
+		{strings.Repeat("x", MaxMethodLen+10), strings.Repeat("x", MaxMethodLen)},
+	} {
+		m := HeaderMethod(tc.header)
+		if got := m.String(); got != tc.want {
+			t.Errorf("HeaderMethod(%q).String() = %q, want %q", tc.header, got, tc.want)
+		}
+	}
+	if !HeaderMethod("server/discover").Is("server/discover") || HeaderMethod("server/discover").Is("initialize") {
+		t.Error("Is does not compare the header's method")
+	}
+}

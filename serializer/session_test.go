@@ -440,3 +440,29 @@ func (e *countingEvents) Evicted(gated bool) {
 		e.gated.Add(1)
 	}
 }
+
+func TestKeyedRequestsRunOneAtATimeWithoutAGateOrALookup(t *testing.T) {
+	store := newFakeStore()
+	tabs, _ := newInstances(t, 1, store, nil)
+	tab := tabs[0]
+	first, err := tab.AcquireKeyed(bg, "cart-1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan result, 1)
+	go func() {
+		turn, err := tab.AcquireKeyed(bg, "cart-1", 0)
+		second <- result{turn, err}
+	}()
+	other, err := tab.AcquireKeyed(bg, "cart-2", 0) // another key goes at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Done(200)
+	mustWait(t, second)
+	first.Done(200)
+	mustGet(t, second).turn.Done(200)
+	if n := store.total(); n != 0 {
+		t.Fatalf("%d store calls for keyed requests, want none", n)
+	}
+}

@@ -127,7 +127,13 @@ func (t *Table) Acquire(ctx context.Context, id string, traits Traits) (Turn, er
 // Store call per request.
 func (t *Table) AcquireFrom(ctx context.Context, id string, traits Traits, src SynthSource) (Turn, error) {
 	start := t.clock.Now()
-	s := t.ref(id, true)
+	return t.takeTurn(ctx, t.ref(id, true), traits, src, start)
+}
+
+// takeTurn waits for a request's turn in s, which it holds a reference to:
+// here, then, with Turns, across instances. The reference is dropped
+// unless a turn is returned.
+func (t *Table) takeTurn(ctx context.Context, s *Session, traits Traits, src SynthSource, start time.Time) (Turn, error) {
 	turn, err := s.enter(ctx, traits, src)
 	if err == nil && !turn.overtake {
 		turn.cluster, err = s.takeClusterTurn(ctx, traits, turn.waited)
@@ -135,13 +141,25 @@ func (t *Table) AcquireFrom(ctx context.Context, id string, traits Traits, src S
 			turn.release()
 			turn = Turn{waited: turn.waited}
 		} else if turn.cluster != nil {
-			turn.waited = s.table.clock.Now().Sub(start)
+			turn.waited = t.clock.Now().Sub(start)
 		}
 	}
 	if err != nil {
 		s.unref()
 	}
 	return turn, err
+}
+
+// AcquireKeyed waits for the request's turn in the queue of key, a value
+// the caller derives from a session-less request (an MCP 2026-07-28
+// handle): one at a time per key, in arrival order, with a session's
+// bounds and, with Turns, across instances; never gated, and never looked
+// up in the Store, since no instance creates a record for it. Keys share
+// the table, and MaxSessions, with sessions: the caller keeps the two
+// apart (no session id can equal a key it makes).
+func (t *Table) AcquireKeyed(ctx context.Context, key string, traits Traits) (Turn, error) {
+	start := t.clock.Now()
+	return t.takeTurn(ctx, t.refKey(key), traits, nil, start)
 }
 
 // AcquireSynthesized waits for the turn of a notifications/initialized
@@ -238,6 +256,21 @@ func (t *Table) ref(id string, create bool) *Session {
 			t.hold(s)
 			go s.adopt(store)
 		}
+	}
+	t.hold(s)
+	s.lastUsed.Store(t.clock.Now().UnixNano())
+	return s
+}
+
+// refKey finds or makes the queue of key and counts a reference, without
+// a lookup: a key is queue only.
+func (t *Table) refKey(key string) *Session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.sessions[key]
+	if s == nil {
+		s = t.newSession(key)
+		t.add(s)
 	}
 	t.hold(s)
 	s.lastUsed.Store(t.clock.Now().UnixNano())
