@@ -40,6 +40,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    get_stream      reject|forward
 //	    state           redis|storage [{ <engine settings> }]
 //	    order           local|cluster
+//	    key             <placeholder>
 //	}
 //
 // Every setting is optional; defaults are applied in Provision. The
@@ -90,6 +91,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.GetStream = val
 		case "order":
 			h.Order = val
+		case "key":
+			h.Key = val
 		default:
 			return d.Errf("unrecognized mcp_serializer setting %q", setting)
 		}

@@ -79,6 +79,12 @@ type Handler struct {
 	// or cluster (across instances, on the state engine: any front, round
 	// robin included; needs state redis). Default: local.
 	Order string `json:"order,omitempty"`
+	// Queues session-less requests (MCP 2026-07-28 has no sessions) by
+	// this placeholder's value, e.g. {http.request.header.Mcp-Param-Cart}:
+	// a request whose key is not empty runs one at a time per value, in
+	// arrival order, as a session's requests do, with no gate. Default:
+	// none; session-less requests go through untouched.
+	Key string `json:"key,omitempty"`
 
 	budget        *bodyBudget // max_buffered and what is held of it
 	onInitTimeout serializer.TimeoutAction

@@ -22,16 +22,41 @@ const (
 	placeholderMethod      = "http.mcp.method"       // JSON-RPC method (as serializer.Method.String shows it), "batch", "response" or ""
 	placeholderQueueWait   = "http.mcp.queue_wait"   // time.Duration
 	placeholderHeld        = "http.mcp.held"         // bool
+	// The MCP-Protocol-Version header, shown as the method is.
+	placeholderProtocolVersion = "http.mcp.protocol_version"
 )
 
-// requestInfo is what the handler learned of a request in a session. It
-// answers the placeholders and adds mcp_session_hash, mcp_method and
-// mcp_queue_wait to the access log, both computed only when read.
+// Headers of MCP 2026-07-28 requests that name what the body holds.
+const (
+	methodHeader          = "Mcp-Method"
+	protocolVersionHeader = "Mcp-Protocol-Version"
+)
+
+// requestInfo is what the handler learned of a request in a session or a
+// key's queue, or of a session-less request that names its method in a
+// header. It answers the placeholders and adds mcp_session_hash,
+// mcp_method, mcp_protocol_version and mcp_queue_wait to the access log,
+// all computed only when read.
 type requestInfo struct {
-	sessionID string
-	method    serializer.Method
-	waited    time.Duration
-	held      bool
+	sessionID       string // the session, or the key's queue when keyed
+	keyed           bool
+	method          serializer.Method
+	protocolVersion string // as the client sent it
+	waited          time.Duration
+	held            bool
+}
+
+// newRequestInfo starts the info of a request in session (or key) id.
+func newRequestInfo(r *http.Request, id string) *requestInfo {
+	return &requestInfo{sessionID: id, protocolVersion: r.Header.Get(protocolVersionHeader)}
+}
+
+// session is the session the request belongs to, if any.
+func (info *requestInfo) session() string {
+	if info.keyed {
+		return ""
+	}
+	return info.sessionID
 }
 
 // publish makes info the answer to the request's placeholders and a part
@@ -64,9 +89,14 @@ func (info *requestInfo) placeholder(key string) (any, bool) {
 	}
 	switch key {
 	case placeholderSessionHash:
+		if info.session() == "" {
+			return "", true
+		}
 		return sessionHash(info.sessionID), true
 	case placeholderMethod:
 		return info.method.String(), true
+	case placeholderProtocolVersion:
+		return serializer.ShowHeader(info.protocolVersion), true
 	case placeholderQueueWait:
 		return info.waited, true
 	case placeholderHeld:
@@ -78,9 +108,16 @@ func (info *requestInfo) placeholder(key string) (any, bool) {
 // MarshalLogObject writes the access log's fields; zap.Inline puts them at
 // the top level of the entry, beside Caddy's own.
 func (info *requestInfo) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	enc.AddString("mcp_session_hash", sessionHash(info.sessionID))
+	if info.session() != "" {
+		enc.AddString("mcp_session_hash", sessionHash(info.sessionID))
+	}
 	enc.AddString("mcp_method", info.method.String())
-	enc.AddDuration("mcp_queue_wait", info.waited)
+	if info.protocolVersion != "" {
+		enc.AddString("mcp_protocol_version", serializer.ShowHeader(info.protocolVersion))
+	}
+	if info.sessionID != "" {
+		enc.AddDuration("mcp_queue_wait", info.waited)
+	}
 	return nil
 }
 
@@ -89,7 +126,7 @@ func (info *requestInfo) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 // plain function, so that setting it allocates nothing.
 func noSessionPlaceholders(key string) (any, bool) {
 	switch key {
-	case placeholderSessionHash, placeholderMethod:
+	case placeholderSessionHash, placeholderMethod, placeholderProtocolVersion:
 		return "", true
 	case placeholderQueueWait:
 		return time.Duration(0), true
@@ -99,19 +136,35 @@ func noSessionPlaceholders(key string) (any, bool) {
 	return nil, false
 }
 
-func publishNoSession(r *http.Request) {
-	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
-		repl.Map(noSessionPlaceholders)
+// publishNoSession answers the placeholders of a request without a
+// session. One that names its method or protocol version in headers (MCP
+// 2026-07-28) gets them in the placeholders and the access log, read from
+// the headers, the body unread; it returns that info, for publishCreated.
+func publishNoSession(r *http.Request) *requestInfo {
+	method, version := r.Header.Get(methodHeader), r.Header.Get(protocolVersionHeader)
+	if method == "" && version == "" {
+		if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+			repl.Map(noSessionPlaceholders)
+		}
+		return nil
 	}
+	info := &requestInfo{method: serializer.HeaderMethod(method), protocolVersion: version}
+	info.publish(r)
+	return info
 }
 
 // publishCreated names the session a session-less POST has just created
-// (its initialize): static values come before the providers, so this
-// overrides noSessionPlaceholders.
-func publishCreated(r *http.Request, id string) {
+// (its initialize), in the info publishNoSession made for it if any:
+// static values come before the providers, so this overrides
+// noSessionPlaceholders.
+func publishCreated(r *http.Request, id string, info *requestInfo) {
 	ctx := r.Context()
 	if repl, ok := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
 		repl.Set(placeholderSessionHash, sessionHash(id))
+	}
+	if info != nil {
+		info.sessionID = id // read when the access log is written
+		return
 	}
 	if extra := accessLogFields(ctx); extra != nil {
 		extra.Add(zap.Inline(&requestInfo{sessionID: id}))

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -32,7 +33,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			metrics.sessionless.Inc()
 			return next.ServeHTTP(w, r)
 		}
-		publishNoSession(r)
+		if h.Key != "" {
+			if key := h.keyOf(r); key != "" {
+				return h.serveKeyed(w, r, next, key)
+			}
+		}
 		return h.serveSessionless(w, r, next)
 	}
 	if len(ids) > 1 || !serializer.ValidSessionID(ids[0]) {
@@ -40,7 +45,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, r, "invalid_session_id", http.StatusBadRequest, codeInvalidRequest,
 			"invalid Mcp-Session-Id: want one value of 1 to 256 visible ASCII characters", nil)
 	}
-	info := &requestInfo{sessionID: ids[0]}
+	info := newRequestInfo(r, ids[0])
 	info.publish(r)
 	switch r.Method {
 	case http.MethodGet:
@@ -65,6 +70,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // 503, since the session it would create has no room; any other POST
 // goes on (MCP without sessions is never refused).
 func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	info := publishNoSession(r)
 	if h.table.Saturated() {
 		body, err := h.readBody(r)
 		defer h.budget.release(body.held)
@@ -81,7 +87,7 @@ func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next 
 	}
 	ew := &exchangeWriter{
 		ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		h:                     h, r: r, sessionless: true,
+		h:                     h, r: r, sessionless: true, info: info,
 	}
 	// Deferred so that a panic downstream still frees the new session's slot.
 	defer func() { ew.turn.Done(ew.status) }()
@@ -93,18 +99,53 @@ func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next 
 	return err
 }
 
+// keyOf returns the queue a session-less POST goes to under the key
+// setting: a digest of the key's value (a client chooses it, and it may be
+// a handle worth as much as a session id), "" when the value is empty. No
+// session id can equal it: it holds a space.
+func (h *Handler) keyOf(r *http.Request) string {
+	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if !ok {
+		return ""
+	}
+	value := repl.ReplaceAll(h.Key, "")
+	if value == "" {
+		return ""
+	}
+	return "key " + serializer.StoreKey(value)
+}
+
+// serveKeyed runs a session-less POST in its key's queue (the key
+// setting), as a session's POST runs in the session's. An initialize
+// still goes the session-less way: its answer may start a session.
+func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string) error {
+	body, err := h.readBody(r)
+	defer h.budget.release(body.held)
+	if err != nil {
+		publishNoSession(r)
+		return h.rejectBody(w, r, err)
+	}
+	if body.method.Is("initialize") {
+		return h.serveSessionless(w, r, next)
+	}
+	info := newRequestInfo(r, key)
+	info.keyed, info.method = true, body.method
+	info.publish(r)
+	return h.serveInTurn(w, r, next, info, body.traits, body.id)
+}
+
 // beginSession starts a gated session if the response to a session-less
 // POST carries a new Mcp-Session-Id (only an InitializeResult may), before
 // the client can see the id. The returned turn holds the session's slot
 // until the initialize response ends.
-func (h *Handler) beginSession(status int, header http.Header, r *http.Request) serializer.Turn {
+func (h *Handler) beginSession(status int, header http.Header, r *http.Request, info *requestInfo) serializer.Turn {
 	id := header.Get(sessionHeader)
 	if status < 200 || status > 299 || !serializer.ValidSessionID(id) {
 		return serializer.Turn{}
 	}
 	turn, ok := h.table.Begin(id, h.synthesizer(r, id))
 	if ok {
-		publishCreated(r, id)
+		publishCreated(r, id, info)
 		if c := h.logger.Check(zapcore.DebugLevel, "session created, held until initialized"); c != nil {
 			c.Write(zap.String("session", sessionHash(id)))
 		}
@@ -116,7 +157,13 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request) 
 func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo, traits serializer.Traits, reqID []byte) error {
 	// Made before the turn: the table may ask it for a synthesizer.
 	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r}
-	turn, err := h.acquire(r, info.sessionID, traits, ew)
+	var turn serializer.Turn
+	var err error
+	if info.keyed {
+		turn, err = h.table.AcquireKeyed(r.Context(), info.sessionID, traits)
+	} else {
+		turn, err = h.acquire(r, info.sessionID, traits, ew)
+	}
 	info.waited, info.held = turn.Waited(), turn.Held()
 	if err != nil {
 		return h.rejectWait(w, r, info.sessionID, err, reqID)

@@ -26,6 +26,7 @@ type exchangeWriter struct {
 	h           *Handler
 	r           *http.Request
 	sessionless bool
+	info        *requestInfo // a session-less POST's, if it published one
 }
 
 // Synthesizer lets the table build, from this request, the sender of the
@@ -46,7 +47,7 @@ func (w *exchangeWriter) WriteHeader(status int) {
 func (w *exchangeWriter) onFinalHeader() {
 	header := w.Header()
 	if w.sessionless {
-		w.turn = w.h.beginSession(w.status, header, w.r)
+		w.turn = w.h.beginSession(w.status, header, w.r, w.info)
 	}
 	if isEventStream(header) {
 		w.turn.Streaming()
