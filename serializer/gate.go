@@ -18,7 +18,8 @@ import (
 //     (Forward), rejecting (Reject), or open once the synthesized
 //     notification has ended, whatever its answer (synthesizeEnded); with a
 //     Store, open quietly instead if another instance saw initialized
-//     acknowledged (initTimeoutConfirmed);
+//     acknowledged, or if the record is gone (the session ended elsewhere)
+//     and no request here waits (initTimeoutConfirmed);
 //   - with a Store, to open when its record says open while requests are
 //     held here (openedElsewhere): the client's notifications/initialized
 //     was acknowledged on another instance;
@@ -174,11 +175,18 @@ func (s *Session) initTimeoutConfirmed(store Store) {
 	rec, found, err := lookupRecord(store, s.table.config(), s.id)
 	s.mu.Lock()
 	if s.gate == gateInitializing && !s.gone {
-		if err == nil && found && rec.Open {
+		switch {
+		case err == nil && found && rec.Open:
 			s.stopInit = nil
 			s.openGate()
 			s.dispatch()
-		} else {
+		case err == nil && !found && s.refs.Load() == 0:
+			// The record is gone: the session ended on another instance
+			// (a hashing front sent its DELETE there), and no request
+			// here waits for it. Nothing timed out that anyone meets.
+			s.stopInit = nil
+			s.openGate()
+		default:
 			s.applyInitTimeout()
 		}
 	}

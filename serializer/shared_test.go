@@ -677,3 +677,27 @@ func TestInitializeStuckElsewhereHoldsFollowUpsAtMostHalfTheQueueTimeout(t *test
 	}
 	r.turn.Done(202)
 }
+
+// Behind a hashing front a session's follow-ups, its DELETE included, go
+// to another instance than its initialize: the creator's init_timeout
+// then finds the record gone, and nothing here was held.
+func TestSessionEndedElsewhereTimesOutQuietlyOnItsCreator(t *testing.T) {
+	var timedOut atomic.Int32
+	store := newFakeStore()
+	tabs, clock := newInstances(t, 2, store, func(c *Config) {
+		c.Events = &countingEvents{gateTimeouts: &timedOut}
+	})
+	creator, other := tabs[0], tabs[1]
+	initialize, _ := creator.Begin("s", nil)
+	initialize.Done(200)
+	eventually(t, func() bool { rec, _ := store.record("s"); return !rec.InitializeInFlight })
+	mustGet(t, acquireAsync(t, other, bg, "s", CarriesInitialized)).turn.Done(202)
+	mustGet(t, acquireAsync(t, other, bg, "s", EndsSession)).turn.Done(200)
+	eventually(t, func() bool { _, found := store.record("s"); return !found })
+
+	clock.Advance(10 * time.Second)
+	eventually(t, func() bool { g, _ := gateOf(creator, "s"); return g == gateOpen })
+	if n := timedOut.Load(); n != 0 {
+		t.Fatalf("the creator reported %d gate timeouts for a session that ended elsewhere", n)
+	}
+}
