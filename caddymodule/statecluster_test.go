@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -118,5 +120,36 @@ func TestRedisAnnouncesHandOnsAndOpenedGates(t *testing.T) {
 	case key := <-heard:
 		t.Fatalf("announced %q for a hand-on nobody waits for", key)
 	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// What order cluster costs a request on an idle session: its ticket taken
+// and handed on (two Redis round trips on loopback), against order local
+// (no engine call), on one table.
+func BenchmarkSessionRequestOnRedis(b *testing.B) {
+	eng := loadEngine(b, nil, "redis", map[string]any{"address": []string{startRedis(b)}}).(*RedisState)
+	for _, order := range []string{orderLocal, orderCluster} {
+		b.Run("order="+order, func(b *testing.B) {
+			shared := newSharedState(eng, time.Hour, zap.NewNop())
+			cfg := serializer.Defaults()
+			cfg.Store, cfg.StoreTimeout = shared, time.Second
+			if order == orderCluster {
+				cluster := newClusterState(shared, eng)
+				cfg.Store, cfg.Turns = cluster, cluster
+			}
+			tab := serializer.NewTable(cfg)
+			defer tab.Close()
+			ctx := context.Background()
+			turn, _ := tab.Acquire(ctx, "bench-"+order, 0) // the first sight's lookup
+			turn.Done(200)
+			b.ResetTimer()
+			for range b.N {
+				turn, err := tab.Acquire(ctx, "bench-"+order, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				turn.Done(200)
+			}
+		})
 	}
 }
