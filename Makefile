@@ -52,7 +52,7 @@ run: $(CADDY) $(DEMO)
 cluster: $(CADDY) $(DEMO)
 	CADDY=$(CADDY) DEMO_BACKEND=$(DEMO) examples/cluster/run
 
-# PHP-FPM, pdo_sqlite, Node.js >= 20 and redis-server, installed with
+# PHP-FPM, pdo_sqlite, Node.js >= 20, redis-server, nginx and haproxy, installed with
 # apt-get when missing (or the command to run is printed).
 deps:
 	@scripts/install-test-deps
