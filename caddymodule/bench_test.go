@@ -47,12 +47,15 @@ func BenchmarkServeHTTP(b *testing.B) {
 	logging := &caddyhttp.Server{Logs: &caddyhttp.ServerLogConfig{}}
 	for _, c := range []struct {
 		name, method, sid string
+		modern            bool              // MCP 2026-07-28 headers
 		server            *caddyhttp.Server // with Logs: an access log is written
 	}{
-		{"sessionless-GET", http.MethodGet, "", nil},
-		{"sessionless-POST", http.MethodPost, "", nil},
-		{"session-POST", http.MethodPost, "0123456789abcdef0123456789abcdef", nil},
-		{"session-POST-access-log", http.MethodPost, "0123456789abcdef0123456789abcdef", logging},
+		{"sessionless-GET", http.MethodGet, "", false, nil},
+		{"sessionless-POST", http.MethodPost, "", false, nil},
+		{"modern-POST", http.MethodPost, "", true, nil},
+		{"modern-POST-access-log", http.MethodPost, "", true, logging},
+		{"session-POST", http.MethodPost, "0123456789abcdef0123456789abcdef", false, nil},
+		{"session-POST-access-log", http.MethodPost, "0123456789abcdef0123456789abcdef", false, logging},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			w := &discardWriter{header: make(http.Header)}
@@ -69,6 +72,10 @@ func BenchmarkServeHTTP(b *testing.B) {
 						req, _ := http.NewRequest(c.method, "http://127.0.0.1/mcp", bytes.NewReader(body))
 						if c.sid != "" {
 							req.Header.Set("Mcp-Session-Id", c.sid)
+						}
+						if c.modern {
+							req.Header.Set("MCP-Protocol-Version", "2026-07-28")
+							req.Header.Set("Mcp-Method", "tools/list")
 						}
 						batch[j] = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), w, c.server)
 					}
