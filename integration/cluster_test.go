@@ -64,6 +64,7 @@ type caddyInstance struct {
 	dir   string
 	conf  string
 	log   string
+	env   []string // more environment for its Caddyfile, e.g. an example's settings
 	proc  *process
 }
 
@@ -131,6 +132,11 @@ func sharedPHPStore(t testing.TB) string {
 	return f.Store
 }
 
+// instanceSite is an instance's site address: a port and no host, as in
+// examples/cluster/instance.Caddyfile, so that it answers whatever Host the
+// front passes on (HAProxy's health check sends none).
+const instanceSite = "http://:{$MCP_TEST_PORT} {\n\tbind 127.0.0.1\n"
+
 // newCaddyInstance writes a Caddyfile with one site holding the directives
 // on ports of its own; start runs it.
 func newCaddyInstance(t testing.TB, name, global, directives string) *caddyInstance {
@@ -140,7 +146,12 @@ func newCaddyInstance(t testing.TB, name, global, directives string) *caddyInsta
 	in.URL = "http://127.0.0.1:" + strconv.Itoa(in.Port)
 	in.conf = filepath.Join(dir, "Caddyfile")
 	in.log = filepath.Join(dir, "caddy.log")
+	const siteWithHost = "http://127.0.0.1:{$MCP_TEST_PORT} {\n"
 	caddyfile := caddySite(directives)
+	if !strings.Contains(caddyfile, siteWithHost) {
+		t.Fatalf("caddySite no longer starts its site with %q; update newCaddyInstance", siteWithHost)
+	}
+	caddyfile = strings.Replace(caddyfile, siteWithHost, instanceSite, 1)
 	if global != "" {
 		caddyfile = strings.Replace(caddyfile, "\tgrace_period 2s\n", "\tgrace_period 2s\n\t"+strings.ReplaceAll(strings.TrimSpace(global), "\n", "\n\t")+"\n", 1)
 	}
@@ -165,6 +176,7 @@ func (in *caddyInstance) start(t testing.TB) {
 		"XDG_CONFIG_HOME="+filepath.Join(in.dir, "config"),
 		"XDG_DATA_HOME="+filepath.Join(in.dir, "data"),
 	)
+	cmd.Env = append(cmd.Env, in.env...)
 	in.proc = startProcess(t, in.Name, cmd, in.log, syscall.SIGINT, 10*time.Second)
 	client := &http.Client{Timeout: 2 * time.Second}
 	adminURL := "http://127.0.0.1:" + strconv.Itoa(in.Admin) + "/config/"

@@ -4,15 +4,21 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/integration/mcpstub"
 )
 
 // The example Caddyfiles adapt with the module's binary and configure the
@@ -60,6 +66,12 @@ func TestClusterExampleCaddyfilesAdapt(t *testing.T) {
 	if !strings.Contains(instance, `"order":"local"`) {
 		t.Errorf("instance.Caddyfile: want order local by default:\n%s", instance)
 	}
+	if !strings.Contains(instance, `"listen":["127.0.0.1:8081"]`) || strings.Contains(instance, `"host":`) {
+		t.Errorf("instance.Caddyfile: want a site on 127.0.0.1:8081 by default that matches no host:\n%s", instance)
+	}
+	if moved := caddyAdapt(t, filepath.Join(dir, "instance.Caddyfile"), "INSTANCE_PORT=9443", "INSTANCE_BIND=10.0.0.5"); !strings.Contains(moved, `"listen":["10.0.0.5:9443"]`) {
+		t.Errorf("instance.Caddyfile with INSTANCE_PORT=9443 INSTANCE_BIND=10.0.0.5: want it listening on 10.0.0.5:9443:\n%s", moved)
+	}
 	if cluster := caddyAdapt(t, filepath.Join(dir, "instance.Caddyfile"), "ORDER=cluster"); !strings.Contains(cluster, `"order":"cluster"`) {
 		t.Errorf("instance.Caddyfile with ORDER=cluster: want order cluster:\n%s", cluster)
 	}
@@ -76,6 +88,104 @@ func TestClusterExampleCaddyfilesAdapt(t *testing.T) {
 	if !strings.Contains(roundRobin, `"selection_policy":{"policy":"round_robin"}`) {
 		t.Errorf("front.Caddyfile with FRONT_POLICY=round_robin: adapted config lacks the round_robin policy:\n%s", roundRobin)
 	}
+}
+
+// An instance run from examples/cluster/instance.Caddyfile answers whatever
+// Host the front passes on (a Caddy front, and nginx.conf, pass the
+// client's): with Host mcp.example.com, /healthz answers "ok", and a
+// session's initialize, notifications/initialized and tools/list go
+// through mcp_serializer, which tracks the session, to the app server,
+// which sees that Host. A site address naming a host, an IP included, would
+// answer them with an empty 200.
+func TestClusterExampleInstanceAnswersAnyHost(t *testing.T) {
+	requireModule(t, redisStateModule)
+	redis := startRedis(t)
+	const host = "mcp.example.com"
+	stub := &mcpstub.Backend{}
+	var mu sync.Mutex
+	var upstreamHosts []string
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		upstreamHosts = append(upstreamHosts, r.Host)
+		mu.Unlock()
+		stub.ServeHTTP(w, r)
+	}))
+	t.Cleanup(upstream.Close)
+
+	dir := t.TempDir()
+	in := &caddyInstance{Name: "example instance", Port: freePort(t), Admin: freePort(t), dir: dir,
+		conf: filepath.Join(repoRoot(t), "examples", "cluster", "instance.Caddyfile"), log: filepath.Join(dir, "caddy.log")}
+	in.URL = "http://127.0.0.1:" + strconv.Itoa(in.Port)
+	in.env = []string{
+		"INSTANCE_PORT=" + strconv.Itoa(in.Port),
+		"INSTANCE_BIND=127.0.0.1",
+		"INSTANCE_ADMIN=127.0.0.1:" + strconv.Itoa(in.Admin),
+		"UPSTREAM=" + strings.TrimPrefix(upstream.URL, "http://"),
+		"REDIS_ADDRESS=" + redis.Addr,
+	}
+	dumpOnFailure(t, in.Name, in.log)
+	in.start(t)
+
+	client := &http.Client{Timeout: 10 * time.Second, Transport: hostHeader{host}}
+	resp, err := client.Get(in.URL + "/healthz")
+	if err != nil {
+		t.Fatalf("GET /healthz: %v", err)
+	}
+	health, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(health) != "ok" {
+		t.Errorf("GET /healthz with Host %s: %s %q, want 200 \"ok\"", host, resp.Status, health)
+	}
+
+	resp, body := post(t, client, in.URL+"/mcp", "", initializeBody)
+	session := resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode != http.StatusOK || session == "" || !strings.Contains(string(body), `"result"`) {
+		t.Fatalf("initialize with Host %s: %s, session id present %v, body %q: the instance did not route it to its app server", host, resp.Status, session != "", body)
+	}
+	if counts := instanceSessionCounts(t, in); counts["sessions"] != 1 || counts["initializing"] != 1 {
+		t.Errorf("mcp_serializer's table after initialize: %v, want one session, initializing", counts)
+	}
+	if resp, body := post(t, client, in.URL+"/mcp", session, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("notifications/initialized: %s %s", resp.Status, body)
+	}
+	if resp, body := post(t, client, in.URL+"/mcp", session, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`); resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"tools"`) {
+		t.Fatalf("tools/list: %s %s", resp.Status, body)
+	}
+	if counts := instanceSessionCounts(t, in); counts["sessions"] != 1 || counts["open"] != 1 {
+		t.Errorf("mcp_serializer's table after notifications/initialized: %v, want one session, open", counts)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(upstreamHosts) != 3 {
+		t.Errorf("the app server got %d requests, want 3 (initialize, notifications/initialized, tools/list)", len(upstreamHosts))
+	}
+	for _, h := range upstreamHosts {
+		if h != host {
+			t.Errorf("the app server saw Host %q, want the front's %q", h, host)
+		}
+	}
+}
+
+// hostHeader sends every request with Host set to its value, as a front
+// passing the client's Host on does.
+type hostHeader struct{ host string }
+
+func (h hostHeader) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Host = h.host
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// instanceSessionCounts is the counts of the instance's session table, from
+// GET /mcp_serializer/sessions on its admin endpoint.
+func instanceSessionCounts(t *testing.T, in *caddyInstance) map[string]int {
+	t.Helper()
+	status, _, body := adminCall(t, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(in.Admin)+"/mcp_serializer/sessions?limit=0")
+	var rep sessionsReport
+	if err := json.Unmarshal(body, &rep); status != http.StatusOK || err != nil || len(rep.Tables) != 1 {
+		t.Fatalf("GET /mcp_serializer/sessions: %d %v %s", status, err, body)
+	}
+	return rep.Tables[0].Counts
 }
 
 // The cluster example's nginx.conf and haproxy.cfg pass the programs' own
