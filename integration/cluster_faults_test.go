@@ -70,6 +70,17 @@ func wantOnlyClearErrors(t *testing.T, res pipelineResult) {
 	}
 }
 
+// deadInstanceFront is the Caddy front's lines for a run that kills an
+// instance: a refused connection is retried on another instance, and the
+// dead one is left out until its health check answers again.
+const deadInstanceFront = `
+lb_try_duration 5s
+lb_try_interval 100ms
+fail_duration 10s
+health_uri /healthz
+health_interval 500ms
+health_timeout 1s`
+
 // One instance killed (SIGKILL) in the middle of a run: the connects in
 // flight on it get an error status from the front, nothing hangs, the
 // front moves the dead instance's sessions to the others, which recover
@@ -78,13 +89,7 @@ func TestClusterInstanceKilledMidRun(t *testing.T) {
 	prerequisites(t)
 	requireModule(t, redisStateModule)
 	redis := startRedis(t)
-	c := startCluster(t, clusterOptions{State: redisState(redis), Front: `
-lb_try_duration 5s
-lb_try_interval 100ms
-fail_duration 10s
-health_uri /healthz
-health_interval 500ms
-health_timeout 1s`})
+	c := startCluster(t, clusterOptions{State: redisState(redis), Front: deadInstanceFront})
 
 	n := clusterN(t, 300)
 	wait, done := pipelineInBackground(t, c, "instance killed mid-run", n)

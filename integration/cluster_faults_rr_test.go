@@ -1,0 +1,225 @@
+package integration
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+// Faults behind a round-robin front, the instances with `order cluster`:
+// every request of a session may land on any instance, so each one takes
+// its turn through the ticket line in Redis (serializer/turn.go), and a
+// fault there or on an instance is one every session in flight meets.
+
+// faultConnectBound is the longest a connect may last through these faults.
+// A follow-up can be held at the gate until init_timeout (its session's
+// notifications/initialized died with an instance, or its ack could not be
+// recorded while Redis was away), then wait out a dead holder's lease
+// (TurnLease) and one unclaimed turn per instance, three (TurnClaim each:
+// a waiting ticket whose instance died or lost Redis); a few engine calls,
+// each bounded by the redis timeout (250 ms), and the front's retry of a
+// refused connection come on top. The client gives up on a reply after
+// 20 s, which this stays under.
+const faultConnectBound = clusterInitTimeout + serializer.TurnLease + 3*serializer.TurnClaim + time.Second
+
+// roundRobinFaultsN is the pipelined connects of the run a fault hits: enough
+// to outlast the fault (MCP_SERIALIZER_CLUSTER_N raises it).
+const roundRobinFaultsN = 300
+
+// startRoundRobinCluster starts three instances with `state redis` on r and
+// `order cluster` behind a Caddy front with lb_policy round_robin, which
+// leaves a dead instance out as the hashing front of
+// TestClusterInstanceKilledMidRun does.
+func startRoundRobinCluster(t *testing.T, r *redisServer) *cluster {
+	t.Helper()
+	requireModule(t, redisStateModule)
+	requireOrderCluster(t)
+	return startCluster(t, clusterOptions{State: redisState(r), Order: "cluster", Balancer: caddyRoundRobin, Front: deadInstanceFront})
+}
+
+// One instance killed (SIGKILL) in the middle of a run behind round robin:
+// the turns it held pass to the other instances when their lease or claim
+// window runs out, so every wait ends within its bound, the connects hit
+// fail with clear errors only, and the two left serve the next 100 connects
+// without failure.
+func TestClusterRoundRobinInstanceKilledMidRun(t *testing.T) {
+	prerequisites(t)
+	c := startRoundRobinCluster(t, startRedis(t))
+
+	wait, done := pipelineInBackground(t, c, "round robin, instance killed mid-run", clusterN(t, roundRobinFaultsN))
+	sleepUnlessDone(t, 2*time.Second, done, "the kill")
+	victim := c.Instances[1]
+	victim.kill(t)
+	t.Logf("killed %s", victim.Name)
+	res := wait()
+	wantBoundedThroughFault(t, c, res, crossedRepliesFail)
+	wantNothingStuck(t, c)
+
+	after := runPipeline(t, c, "round robin, after the kill, two instances left", clusterN(t, 100))
+	wantNoFailure(t, after)
+}
+
+// Redis killed and started again (empty) in the middle of a run behind
+// round robin: the ticket lines are lost with it, a waiter that finds its
+// ticket unknown takes a new one, a request that cannot reach Redis goes
+// with this instance's order alone, and no wait outlasts its bound.
+func TestClusterRoundRobinRedisRestartedMidRun(t *testing.T) {
+	prerequisites(t)
+	redis := startRedis(t)
+	c := startRoundRobinCluster(t, redis)
+
+	wait, done := pipelineInBackground(t, c, "round robin, redis restarted mid-run", clusterN(t, roundRobinFaultsN))
+	sleepUnlessDone(t, 2*time.Second, done, "stopping Redis")
+	redis.kill(t)
+	t.Logf("redis killed")
+	sleepUnlessDone(t, 2*time.Second, done, "restarting Redis")
+	redis.start(t)
+	t.Logf("redis restarted, empty")
+	res := wait()
+	wantBoundedThroughFault(t, c, res, crossedRepliesLogged)
+	wantNothingStuck(t, c)
+	wantStateErrorsCounted(t, c)
+
+	after := runPipeline(t, c, "round robin, after Redis came back", clusterN(t, 100))
+	wantNoFailure(t, after)
+}
+
+// Redis unresponsive (SIGSTOP: connections accepted, nothing answered) for
+// longer than a lease, then back with its data (SIGCONT), in the middle of a
+// run behind round robin: every engine call ends at the redis timeout, and
+// once Redis answers again the leases that ran out meanwhile and the
+// tickets left behind are passed over within their bounds.
+func TestClusterRoundRobinRedisUnresponsiveMidRun(t *testing.T) {
+	prerequisites(t)
+	redis := startRedis(t)
+	c := startRoundRobinCluster(t, redis)
+
+	wait, done := pipelineInBackground(t, c, "round robin, redis unresponsive mid-run", clusterN(t, roundRobinFaultsN))
+	sleepUnlessDone(t, 2*time.Second, done, "pausing Redis")
+	redis.signal(t, syscall.SIGSTOP)
+	t.Cleanup(func() { redis.signal(t, syscall.SIGCONT) }) // the cleanup's SIGTERM needs it running
+	pause := serializer.TurnLease + time.Second
+	t.Logf("redis paused for %v", pause)
+	sleepUnlessDone(t, pause, done, "resuming Redis")
+	redis.signal(t, syscall.SIGCONT)
+	t.Logf("redis resumed")
+	res := wait()
+	wantBoundedThroughFault(t, c, res, crossedRepliesLogged)
+	wantNothingStuck(t, c)
+	wantStateErrorsCounted(t, c)
+
+	after := runPipeline(t, c, "round robin, after Redis answered again", clusterN(t, 100))
+	wantNoFailure(t, after)
+}
+
+// signal sends sig to the server (SIGSTOP and SIGCONT pause and resume it).
+func (r *redisServer) signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	if !r.proc.running() {
+		return
+	}
+	if err := syscall.Kill(r.proc.cmd.Process.Pid, sig); err != nil {
+		t.Errorf("redis-server: %v: %v", sig, err)
+	}
+}
+
+// crossedReplies says what a run a fault hit may show of replies handed to
+// another request than their own (id mismatches, unexpected replies).
+type crossedReplies bool
+
+const (
+	crossedRepliesFail crossedReplies = false
+	// While Redis cannot be reached, order cluster lets a request go with
+	// its instance's order alone (serializer/turn.go, "The engine
+	// failing"): behind round robin two requests of one session then run
+	// upstream at once on two instances, and PHP's session race can hand
+	// one's reply to the other. Counted and logged, not failed, for as long
+	// as the module degrades that way; wantOnlyClearErrors otherwise holds.
+	crossedRepliesLogged crossedReplies = true
+)
+
+// wantBoundedThroughFault checks a run a fault hit: nothing left
+// unanswered, only clear errors (but crossed replies, if so told), and no
+// connect longer than faultConnectBound. It logs the figures: elapsed,
+// failures by kind, the longest connects, the requests held long, and the
+// failed engine calls of each instance by operation.
+func wantBoundedThroughFault(t *testing.T, c *cluster, res pipelineResult, crossed crossedReplies) {
+	t.Helper()
+	checked := res
+	if crossed == crossedRepliesLogged {
+		if res.IDMismatches != 0 || res.UnexpectedReplies != 0 {
+			t.Logf("replies handed to another request during the Redis outage (a session's requests ran on two instances at once): %d id mismatches, %d unexpected replies", res.IDMismatches, res.UnexpectedReplies)
+		}
+		checked.IDMismatches, checked.UnexpectedReplies = 0, 0
+	}
+	wantOnlyClearErrors(t, checked)
+	longest := 0.0
+	if len(res.ConnectMs) > 0 {
+		longest = slices.Max(res.ConnectMs)
+	}
+	over := func(d time.Duration) int {
+		n := 0
+		for _, ms := range res.ConnectMs {
+			if time.Duration(ms*float64(time.Millisecond)) > d {
+				n++
+			}
+		}
+		return n
+	}
+	t.Logf("through the fault: %d connects in %.1f s; %d sessions with failures (failed connects %d, rejections %d, broken %d, HTTP errors %v, id mismatches %d, unexpected replies %d); longest connect %.1f ms (bound %v), p50 %.1f ms, p99 %.1f ms; connects over %v: %d, over %v: %d, over %v: %d; requests held over 10 s at the queue or gate: %v; gate timeouts: %v",
+		res.N, float64(res.ElapsedMs)/1000, res.FailedSessions, res.FailedConnects, res.Rejections, res.Broken, res.HTTPErrors, res.IDMismatches, res.UnexpectedReplies,
+		longest, faultConnectBound, res.ConnectP50Ms, res.ConnectP99Ms,
+		serializer.TurnClaim, over(serializer.TurnClaim), serializer.TurnLease, over(serializer.TurnLease), stallMark, over(stallMark),
+		c.waitsOver(t, "10"), nonZero(c.metrics(t, "caddy_mcp_serializer_gate_timeouts_total")))
+	for _, in := range c.Instances {
+		if !in.proc.running() {
+			t.Logf("%s: killed", in.Name)
+			continue
+		}
+		t.Logf("%s: failed state calls by op %v", in.Name, nonZero(in.metrics(t, "caddy_mcp_serializer_state_errors_total")))
+	}
+	if time.Duration(longest*float64(time.Millisecond)) > faultConnectBound {
+		t.Errorf("the longest connect took %.1f ms, past the bound of %v: a wait outlasted init_timeout, the lease and the claim windows", longest, faultConnectBound)
+	}
+}
+
+// wantStateErrorsCounted fails the test when no instance counted a failed
+// engine call through a Redis outage.
+func wantStateErrorsCounted(t *testing.T, c *cluster) {
+	t.Helper()
+	if sumValues(c.stateErrors(t)) == 0 {
+		t.Errorf("caddy_mcp_serializer_state_errors_total stayed 0 through a Redis outage")
+	}
+}
+
+// wantNothingStuck fails the test unless, once the client is done, every
+// running instance soon has no request in flight and none waiting: what a
+// fault left behind has ended within the bound.
+func wantNothingStuck(t *testing.T, c *cluster) {
+	t.Helper()
+	deadline := time.Now().Add(faultConnectBound)
+	for {
+		var busy []string
+		for _, in := range c.Instances {
+			if !in.proc.running() {
+				continue
+			}
+			if n := instanceSessionCounts(t, in); n["in_flight"] != 0 || n["waiting_requests"] != 0 {
+				busy = append(busy, fmt.Sprintf("%s: %d sessions in flight, %d requests waiting", in.Name, n["in_flight"], n["waiting_requests"]))
+			}
+		}
+		if len(busy) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("requests still in flight or waiting %v after the client ended: %s", faultConnectBound, strings.Join(busy, "; "))
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
