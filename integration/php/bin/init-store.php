@@ -2,7 +2,7 @@
 
 declare(strict_types=1);
 
-// Creates the SQLite session store (WAL mode, one table) before PHP-FPM starts.
+// Creates the SQLite store (WAL mode; sessions, carts, locks) before PHP-FPM starts.
 //
 //   php8.2 bin/init-store.php /path/to/sessions.sqlite
 //

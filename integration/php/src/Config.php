@@ -14,7 +14,8 @@ declare(strict_types=1);
  *                        default, keeps it open until the session is gone or
  *                        the client has left, as php-mcp does
  *   MCP_PHP_GET_POLL_MS  interval at which a GET stream re-reads and re-saves
- *                        the session record (default 1000)
+ *                        the session record, and a subscriptions/listen stream
+ *                        writes its keepalive (default 1000)
  *   MCP_PHP_APP_LOCK     "1": a per-session lock in the store around each POST
  *                        and DELETE, like a Laravel middleware with Cache::lock
  *                        (default off)
@@ -22,6 +23,14 @@ declare(strict_types=1);
  *   MCP_PHP_LOCK_WAIT_MS how long a request waits for the lock before it fails
  *                        with HTTP 500 (default 5000)
  *   MCP_PHP_LOCK_RETRY_MS pause between tries while waiting (default 250)
+ *   MCP_PHP_ERAS         "both" (default): MCP 2026-07-28 beside the 2025 era on
+ *                        the same endpoint; "legacy": the 2025 era only, as
+ *                        before (a server/discover probe gets today's 400)
+ *   MCP_PHP_CART_MS      work of cart_add between loading and saving the
+ *                        cart, "MIN-MAX" or "N" milliseconds (default "20")
+ *   MCP_PHP_LISTEN_SECONDS lifetime of a subscriptions/listen stream before
+ *                        the server ends it; 0, the default, keeps it open
+ *                        until the client has left
  */
 final class Config
 {
@@ -36,6 +45,10 @@ final class Config
         public readonly int $lockSeconds = 10,
         public readonly int $lockWaitMs = 5000,
         public readonly int $lockRetryMs = 250,
+        public readonly bool $modernEra = true,
+        public readonly int $cartWorkMinMs = 20,
+        public readonly int $cartWorkMaxMs = 20,
+        public readonly int $listenSeconds = 0,
     ) {
     }
 
@@ -46,6 +59,11 @@ final class Config
             $store = sys_get_temp_dir() . '/mcp-php-sessions.sqlite';
         }
         [$min, $max] = self::range(self::value('MCP_PHP_WORK_MS', '2-8'));
+        [$cartMin, $cartMax] = self::range(self::value('MCP_PHP_CART_MS', '20'));
+        $eras = strtolower(self::value('MCP_PHP_ERAS', 'both'));
+        if (!in_array($eras, ['both', 'legacy'], true)) {
+            throw new InvalidArgumentException("MCP_PHP_ERAS must be both or legacy, not {$eras}");
+        }
         return new self(
             $store,
             $min,
@@ -57,6 +75,10 @@ final class Config
             lockSeconds: max(1, (int) self::value('MCP_PHP_LOCK_SECONDS', '10')),
             lockWaitMs: max(0, (int) self::value('MCP_PHP_LOCK_WAIT_MS', '5000')),
             lockRetryMs: max(1, (int) self::value('MCP_PHP_LOCK_RETRY_MS', '250')),
+            modernEra: $eras === 'both',
+            cartWorkMinMs: $cartMin,
+            cartWorkMaxMs: $cartMax,
+            listenSeconds: max(0, (int) self::value('MCP_PHP_LISTEN_SECONDS', '0')),
         );
     }
 

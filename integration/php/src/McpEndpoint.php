@@ -17,13 +17,17 @@ declare(strict_types=1);
  *    `initialize` is answered with -32600 "Client session not initialized.";
  *  - the GET stream re-reads and re-saves the record about once a second.
  *
+ * A POST of the MCP 2026-07-28 era (its _meta or MCP-Protocol-Version header
+ * names that revision) goes to ModernEndpoint instead, unless MCP_PHP_ERAS
+ * is "legacy".
+ *
  * Nothing here orders or locks the requests of one session (unless the
  * opt-in app lock, MCP_PHP_APP_LOCK, is on): that is left to whatever runs
  * in front of PHP-FPM.
  */
 final class McpEndpoint
 {
-    private const PROTOCOL_VERSIONS = ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'];
+    public const PROTOCOL_VERSIONS = ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'];
     private const LOG_LEVELS = ['debug', 'info', 'notice', 'warning', 'error', 'critical', 'alert', 'emergency'];
 
     private ?SessionStore $store = null;
@@ -94,6 +98,10 @@ final class McpEndpoint
             $decoded = json_decode($raw, true, 512, JSON_THROW_ON_ERROR);
         } catch (JsonException) {
             $this->httpError(400, -32700, 'Parse error');
+            return;
+        }
+        if ($this->config->modernEra && ModernEndpoint::claims($decoded, $isBatch)) {
+            (new ModernEndpoint($this->config))->handle($decoded, $isBatch);
             return;
         }
         $messages = $isBatch ? $decoded : [$decoded];

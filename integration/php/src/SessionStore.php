@@ -47,6 +47,13 @@ final class SessionStore
             . ' payload TEXT NOT NULL,'
             . ' updated_at REAL NOT NULL)'
         );
+        // Whole cart records of the 2026-07-28 era's handle tools (CartStore).
+        $this->db->exec(
+            'CREATE TABLE IF NOT EXISTS mcp_carts ('
+            . ' handle TEXT PRIMARY KEY,'
+            . ' payload TEXT NOT NULL,'
+            . ' updated_at REAL NOT NULL)'
+        );
         // Per-session locks of the opt-in app-lock mode (SessionLock).
         $this->db->exec(
             'CREATE TABLE IF NOT EXISTS mcp_locks ('
