@@ -289,6 +289,12 @@ func TestBothErasConnectThroughTheModule(t *testing.T) {
 		table[b.name]["v2 auto"] = cell{through.Connects, through.FailedConnects}
 		t.Logf("%s, v2 client auto: %s", b.name, through.summary())
 		checkProbe(t, b, direct, through)
+		var seq strings.Builder
+		for _, e := range through.First.Exchanges {
+			fmt.Fprintf(&seq, "\n  %s %s (MCP-Protocol-Version %q, Mcp-Method %q, Mcp-Name %q, session %v) -> %s",
+				e.Method, e.RPCMethod, e.ProtocolVersion, e.McpMethod, e.McpName, e.Session, e.Status)
+		}
+		t.Logf("%s, v2 client auto, the first connect's exchanges through the module:%s", b.name, seq.String())
 		if through.Connects != n || through.Failures != 0 {
 			t.Errorf("%s, v2 client auto: %s; samples %q", b.name, through.summary(), through.Samples)
 		}
