@@ -16,7 +16,8 @@ import (
 // serializer.TurnLineTTL after its last change. Hand-ons and gates opened
 // are announced on the channel key_prefix + "changed", the key as message.
 
-// turnScript is serializer.TicketLine's methods, line for line, on the
+// turnScript is serializer.TicketLine's methods, line for line (a new
+// line's tickets numbered from its start in microseconds), on the
 // hash KEYS[1], atomically. ARGV: op (take, claim, renew, release),
 // ticket, lease (ms), claim window (ms), the line's life (ms), channel,
 // the session's key, and now in unix ms ("" for the server's clock, so
@@ -35,7 +36,7 @@ local f = redis.call('HMGET', K, 'next', 'serving', 'until')
 local nxt, serving, untilms = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
 local function advance()
   serving = serving + 1
-  while redis.call('HDEL', K, 'w' .. serving) == 1 do
+  while redis.call('HDEL', K, string.format('w%d', serving)) == 1 do
     serving = serving + 1
   end
   untilms = now + claim
@@ -48,7 +49,10 @@ end
 local result = 0
 if op == 'take' then
   passOver()
-  if serving == 0 then serving = 1 end
+  if serving == 0 then
+    nxt = now * 1000
+    serving = nxt + 1
+  end
   nxt = nxt + 1
   if serving == nxt then
     untilms = now + lease
@@ -77,7 +81,7 @@ elseif op == 'release' then
       result = 1
     end
   elseif ticket > serving and ticket <= nxt then
-    redis.call('HSET', K, 'w' .. ticket, '1')
+    redis.call('HSET', K, string.format('w%d', ticket), '1')
   end
 end
 redis.call('HSET', K, 'next', string.format('%d', nxt), 'serving', string.format('%d', serving), 'until', string.format('%d', untilms))

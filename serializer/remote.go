@@ -175,8 +175,8 @@ func (s *Session) watchGateIfHeld() {
 	go s.watchGate(cfg.Store)
 }
 
-// watchGate reads s's record until it says open (the gate then opens
-// here too) or nothing is held at the gate any more: the gate opened or
+// watchGate reads s's record until it says open or is missing (the gate
+// then opens here too) or nothing is held at the gate any more: the gate opened or
 // timed out here, or no request holds the session. The first read is at
 // once: the record may have opened before the watch began.
 func (s *Session) watchGate(store Store) {
@@ -192,8 +192,10 @@ func (s *Session) watchGate(store Store) {
 			return
 		}
 		s.mu.Unlock()
+		// Missing counts as open, as for a first sight (adopt): the session
+		// ended elsewhere, or the engine lost its records (a restart).
 		rec, found, err := lookupRecord(store, t.config(), s.id)
-		if err == nil && found && rec.Open {
+		if err == nil && (!found || rec.Open) {
 			s.mu.Lock()
 			s.openedElsewhere()
 			s.gateWatched = false

@@ -133,7 +133,6 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Tu
 	switch {
 	case s.canOvertake(traits):
 		s.mu.Unlock()
-		cfg.Events.Waited(0)
 		return Turn{s: s, traits: traits, overtake: true}, nil
 	case s.gate == gateRejecting && !traits.Has(CarriesInitialized):
 		s.mu.Unlock()
@@ -141,7 +140,6 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Tu
 	case !s.inFlight && s.admits(traits):
 		s.inFlight = true
 		s.mu.Unlock()
-		cfg.Events.Waited(0)
 		return Turn{s: s, traits: traits}, nil
 	case len(s.waiting) >= cfg.MaxQueue:
 		s.mu.Unlock()
@@ -175,7 +173,6 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Tu
 	if w.err != nil {
 		return Turn{waited: waited, held: held}, w.err // for logs only
 	}
-	cfg.Events.Waited(waited)
 	return Turn{s: s, traits: traits, overtake: w.overtake, waited: waited, held: held}, nil
 }
 

@@ -146,8 +146,11 @@ func (t *Table) takeTurn(ctx context.Context, s *Session, traits Traits, src Syn
 	}
 	if err != nil {
 		s.unref()
+		return turn, err
 	}
-	return turn, err
+	// The whole wait, here and for the cluster turn.
+	t.config().Events.Waited(turn.waited)
+	return turn, nil
 }
 
 // AcquireKeyed waits for the request's turn in the queue of key, a value

@@ -7,9 +7,13 @@ import "time"
 // applies one method at a time, atomically (the Redis engine's scripts
 // mirror these methods line for line); tests use it as the engine.
 //
-// The zero value is a free turn. Tickets are numbered from 1 in the order
-// taken; Serving is the ticket whose turn it is, Next+1 when the turn is
-// free. Until ends the served ticket's claim window (unclaimed) or lease.
+// The zero value is no line: the first Take starts one, numbering its
+// tickets on from its start time in microseconds (ticketBase), so that a
+// line started again after the engine lost it (a restart) never gives out
+// a number a ticket of the old line still holds. Tickets are numbered in
+// the order taken; Serving is the ticket whose turn it is, Next+1 when the
+// turn is free. Until ends the served ticket's claim window (unclaimed) or
+// lease.
 type TicketLine struct {
 	Next      int64
 	Serving   int64
@@ -21,7 +25,8 @@ type TicketLine struct {
 func (l *TicketLine) Take(now time.Time, lease, claim time.Duration) (int64, TicketState) {
 	l.passOver(now, claim)
 	if l.Serving == 0 {
-		l.Serving = 1
+		l.Next = ticketBase(now)
+		l.Serving = l.Next + 1
 	}
 	l.Next++
 	if l.Serving == l.Next {
@@ -71,6 +76,10 @@ func (l *TicketLine) Release(ticket int64, now time.Time, claim time.Duration) (
 	}
 	return false
 }
+
+// ticketBase is where a line started at now numbers its tickets from:
+// microseconds since 1970, exact in the float64 numbers of Redis' Lua.
+func ticketBase(now time.Time) int64 { return now.UnixMilli() * 1000 }
 
 // passOver moves the turn past a served ticket whose lease, or claim
 // window, has run out.

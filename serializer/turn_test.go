@@ -16,6 +16,7 @@ type memTurns struct {
 
 	mu       sync.Mutex
 	lines    map[string]*TicketLine
+	taken    map[string]int64 // tickets taken per session
 	fail     error
 	announce bool
 	watchers map[int]func(string)
@@ -23,7 +24,7 @@ type memTurns struct {
 }
 
 func newMemTurns(clock *fakeClock, announce bool) *memTurns {
-	return &memTurns{fakeStore: newFakeStore(), clock: clock, lines: map[string]*TicketLine{}, announce: announce, watchers: map[int]func(string){}}
+	return &memTurns{fakeStore: newFakeStore(), clock: clock, lines: map[string]*TicketLine{}, taken: map[string]int64{}, announce: announce, watchers: map[int]func(string){}}
 }
 
 func (m *memTurns) line(id string) (*TicketLine, error) {
@@ -46,6 +47,7 @@ func (m *memTurns) TakeTicket(_ context.Context, id string, lease, claim time.Du
 		return 0, 0, err
 	}
 	n, st := l.Take(m.clock.Now(), lease, claim)
+	m.taken[id]++
 	return n, st, nil
 }
 
@@ -229,10 +231,7 @@ func TestClusterTurnsGoInTheOrderTaken(t *testing.T) {
 func ticketsTaken(m *memTurns, id string) int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if l := m.lines[id]; l != nil {
-		return l.Next
-	}
-	return 0
+	return m.taken[id]
 }
 
 func TestDeadInstancesTurnIsPassedOverWhenItsLeaseRunsOut(t *testing.T) {
@@ -527,4 +526,91 @@ func (b *blockingWatcher) deliver(key string) {
 	time.Sleep(10 * time.Millisecond) // let Configure start stopping the watch
 	changed(key)
 	close(stopped)
+}
+
+func TestLineStartedAgainNeverGivesOutAnOldTicketsNumber(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	var old TicketLine
+	served, _ := old.Take(now, TurnLease, TurnClaim)
+	waiting, _ := old.Take(now, TurnLease, TurnClaim)
+	var fresh TicketLine // the engine restarted empty a moment later
+	later := now.Add(50 * time.Millisecond)
+	for range 3 {
+		n, _ := fresh.Take(later, TurnLease, TurnClaim)
+		if n == served || n == waiting {
+			t.Fatalf("the new line gave out %d, a number the old line's tickets hold", n)
+		}
+	}
+	if st := fresh.Claim(waiting, later, TurnLease, TurnClaim); st != TicketPassedOver {
+		t.Fatalf("old waiting ticket on the new line: %v, want passed over", st)
+	}
+}
+
+func TestHeldRequestGoesWhenTheRecordIsLost(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 1, false)
+	turns.put("s", Record{InitDeadline: clock.Now().Add(time.Hour)}) // created elsewhere
+	held := acquireAsync(t, tabs[0], bg, "s", 0)
+	eventually(t, func() bool { return adoptionDone(tabs[0], "s") })
+	mustWait(t, held)
+	turns.mu.Lock()
+	turns.fakeStore.mu.Lock()
+	delete(turns.fakeStore.records, "s") // Redis restarted without its data
+	turns.fakeStore.mu.Unlock()
+	turns.mu.Unlock()
+	for range 10 {
+		clock.Advance(remoteMaxBackoff)
+		select {
+		case r := <-held:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			r.turn.Done(200)
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatal("the request stayed held after the record was lost (until init_timeout)")
+}
+
+// waitEvents records the waits the table reports.
+type waitEvents struct {
+	noEvents
+	mu    sync.Mutex
+	waits []time.Duration
+}
+
+func (e *waitEvents) Waited(d time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.waits = append(e.waits, d)
+}
+
+func TestReportedWaitIncludesTheClusterTurn(t *testing.T) {
+	clock := newFakeClock()
+	turns := newMemTurns(clock, true)
+	events := &waitEvents{}
+	var tabs []*Table
+	for range 2 {
+		cfg := Defaults()
+		cfg.Clock, cfg.Store, cfg.Turns, cfg.Events = clock, turns, turns, events
+		tab := NewTable(cfg)
+		t.Cleanup(tab.Close)
+		tabs = append(tabs, tab)
+	}
+	openSession(t, turns, "s")
+	first := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	second := make(chan result, 1)
+	go func() {
+		turn, err := tabs[1].Acquire(bg, "s", 0)
+		second <- result{turn, err}
+	}()
+	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
+	clock.Advance(3 * time.Second) // renewals keep the first turn
+	first.turn.Done(200)
+	mustGet(t, second).turn.Done(200)
+	events.mu.Lock()
+	defer events.mu.Unlock()
+	if len(events.waits) != 2 || events.waits[1] < 3*time.Second {
+		t.Fatalf("reported waits %v, want two, the second at least the 3s it waited for the other instance", events.waits)
+	}
 }
