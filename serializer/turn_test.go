@@ -157,11 +157,7 @@ func TestClusterTurnRunsASessionsRequestsOneAtATimeAcrossInstances(t *testing.T)
 	if first.err != nil {
 		t.Fatal(first.err)
 	}
-	second := make(chan result, 1)
-	go func() {
-		turn, err := tabs[1].Acquire(bg, "s", 0)
-		second <- result{turn, err}
-	}()
+	second := acquireInBackground(tabs[1], "s")
 	mustWait(t, second) // the first is still upstream on the other instance
 	first.turn.Done(200)
 	r := mustGet(t, second) // announced: no clock needed
@@ -175,27 +171,15 @@ func TestClusterTurnWithoutAnnouncementsEndsWithinABackoff(t *testing.T) {
 	tabs, turns, clock := newCluster(t, 2, false)
 	openSession(t, turns, "s")
 	first := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
-	second := make(chan result, 1)
-	go func() {
-		turn, err := tabs[1].Acquire(bg, "s", 0)
-		second <- result{turn, err}
-	}()
+	second := acquireInBackground(tabs[1], "s")
 	mustWait(t, second)
 	first.turn.Done(200)
 	mustWait(t, second) // nothing announced it
-	for range 10 {
-		clock.Advance(remoteMaxBackoff)
-		select {
-		case r := <-second:
-			if r.err != nil {
-				t.Fatal(r.err)
-			}
-			r.turn.Done(200)
-			return
-		case <-time.After(20 * time.Millisecond):
-		}
+	r := resultWithinBackoffs(t, clock, second, "the waiting request did not read the turn again within its backoff")
+	if r.err != nil {
+		t.Fatal(r.err)
 	}
-	t.Fatal("the waiting request did not read the turn again within its backoff")
+	r.turn.Done(200)
 }
 
 func TestClusterTurnsGoInTheOrderTaken(t *testing.T) {
@@ -241,11 +225,7 @@ func TestDeadInstancesTurnIsPassedOverWhenItsLeaseRunsOut(t *testing.T) {
 	if _, st, _ := turns.TakeTicket(bg, "s", TurnLease, TurnClaim); st != TicketServed {
 		t.Fatalf("first ticket: %v, want served", st)
 	}
-	waiting := make(chan result, 1)
-	go func() {
-		turn, err := tabs[0].Acquire(bg, "s", 0)
-		waiting <- result{turn, err}
-	}()
+	waiting := acquireInBackground(tabs[0], "s")
 	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
 	clock.Advance(TurnLease - time.Millisecond)
 	mustWait(t, waiting)
@@ -261,11 +241,7 @@ func TestLiveHolderRenewsItsLeaseForALongExchange(t *testing.T) {
 	tabs, turns, clock := newCluster(t, 2, true)
 	openSession(t, turns, "s")
 	long := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
-	waiting := make(chan result, 1)
-	go func() {
-		turn, err := tabs[1].Acquire(bg, "s", 0)
-		waiting <- result{turn, err}
-	}()
+	waiting := acquireInBackground(tabs[1], "s")
 	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
 	for range 12 { // four leases
 		clock.Advance(TurnLease / 6)
@@ -355,11 +331,7 @@ func TestClusterTurnWaitEndsAtQueueTimeoutAndWithdrawsTheTicket(t *testing.T) {
 	tabs, turns, clock := newCluster(t, 2, true)
 	openSession(t, turns, "s")
 	long := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
-	gaveUp := make(chan result, 1)
-	go func() {
-		turn, err := tabs[1].Acquire(bg, "s", 0)
-		gaveUp <- result{turn, err}
-	}()
+	gaveUp := acquireInBackground(tabs[1], "s")
 	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
 	for range 40 {
 		clock.Advance(Defaults().QueueTimeout / 20) // renewals keep the long turn
@@ -371,11 +343,7 @@ func TestClusterTurnWaitEndsAtQueueTimeoutAndWithdrawsTheTicket(t *testing.T) {
 	if r := mustGet(t, gaveUp); !errors.Is(r.err, ErrQueueTimeout) {
 		t.Fatalf("err = %v, want ErrQueueTimeout", r.err)
 	}
-	next := make(chan result, 1)
-	go func() {
-		turn, err := tabs[1].Acquire(bg, "s", 0)
-		next <- result{turn, err}
-	}()
+	next := acquireInBackground(tabs[1], "s")
 	eventually(t, func() bool { return ticketsTaken(turns, "s") == 3 })
 	long.turn.Done(200)
 	r := mustGet(t, next) // not held behind the withdrawn ticket
@@ -438,22 +406,14 @@ func TestGateOpenedElsewhereReleasesHeldRequestsWithinABackoff(t *testing.T) {
 	mustGet(t, acquireAsync(t, acker, bg, "s", CarriesInitialized)).turn.Done(202)
 	eventually(t, func() bool { rec, _ := store.record("s"); return rec.Open })
 	mustWait(t, toolsList)
-	for range 10 {
-		clock.Advance(remoteMaxBackoff)
-		select {
-		case r := <-toolsList:
-			if r.err != nil {
-				t.Fatal(r.err)
-			}
-			r.turn.Done(200)
-			if n := store.count("Lookup"); n > 10 {
-				t.Fatalf("%d lookups for one held request", n)
-			}
-			return
-		case <-time.After(20 * time.Millisecond):
-		}
+	r := resultWithinBackoffs(t, clock, toolsList, "the held request stayed held after the record opened (init_timeout would have released it)")
+	if r.err != nil {
+		t.Fatal(r.err)
 	}
-	t.Fatal("the held request stayed held after the record opened (init_timeout would have released it)")
+	r.turn.Done(200)
+	if n := store.count("Lookup"); n > 10 {
+		t.Fatalf("%d lookups for one held request", n)
+	}
 }
 
 func TestHeldRequestCostsNoReadWithoutClusterTurns(t *testing.T) {
@@ -557,19 +517,11 @@ func TestHeldRequestGoesWhenTheRecordIsLost(t *testing.T) {
 	delete(turns.fakeStore.records, "s") // Redis restarted without its data
 	turns.fakeStore.mu.Unlock()
 	turns.mu.Unlock()
-	for range 10 {
-		clock.Advance(remoteMaxBackoff)
-		select {
-		case r := <-held:
-			if r.err != nil {
-				t.Fatal(r.err)
-			}
-			r.turn.Done(200)
-			return
-		case <-time.After(20 * time.Millisecond):
-		}
+	r := resultWithinBackoffs(t, clock, held, "the request stayed held after the record was lost (until init_timeout)")
+	if r.err != nil {
+		t.Fatal(r.err)
 	}
-	t.Fatal("the request stayed held after the record was lost (until init_timeout)")
+	r.turn.Done(200)
 }
 
 // waitEvents records the waits the table reports.
@@ -599,11 +551,7 @@ func TestReportedWaitIncludesTheClusterTurn(t *testing.T) {
 	}
 	openSession(t, turns, "s")
 	first := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
-	second := make(chan result, 1)
-	go func() {
-		turn, err := tabs[1].Acquire(bg, "s", 0)
-		second <- result{turn, err}
-	}()
+	second := acquireInBackground(tabs[1], "s")
 	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
 	clock.Advance(3 * time.Second) // renewals keep the first turn
 	first.turn.Done(200)
@@ -613,4 +561,32 @@ func TestReportedWaitIncludesTheClusterTurn(t *testing.T) {
 	if len(events.waits) != 2 || events.waits[1] < 3*time.Second {
 		t.Fatalf("reported waits %v, want two, the second at least the 3s it waited for the other instance", events.waits)
 	}
+}
+
+// acquireInBackground starts an Acquire of id on tab and returns where its
+// result will come: a request that may wait for another instance, which
+// this table's queue does not show.
+func acquireInBackground(tab *Table, id string) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		turn, err := tab.Acquire(bg, id, 0)
+		ch <- result{turn, err}
+	}()
+	return ch
+}
+
+// resultWithinBackoffs moves the clock on by remoteMaxBackoff until ch has
+// a result, failing with why after ten backoffs.
+func resultWithinBackoffs(t *testing.T, clock *fakeClock, ch <-chan result, why string) result {
+	t.Helper()
+	for range 10 {
+		clock.Advance(remoteMaxBackoff)
+		select {
+		case r := <-ch:
+			return r
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatal(why)
+	return result{}
 }
