@@ -590,3 +590,27 @@ func resultWithinBackoffs(t *testing.T, clock *fakeClock, ch <-chan result, why 
 	t.Fatal(why)
 	return result{}
 }
+
+func TestKeyedRequestsTakeClusterTurnsAcrossInstances(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 2, true)
+	first, err := tabs[0].AcquireKeyed(bg, "key cart", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan result, 1)
+	go func() {
+		turn, err := tabs[1].AcquireKeyed(bg, "key cart", 0)
+		second <- result{turn, err}
+	}()
+	eventually(t, func() bool { return ticketsTaken(turns, "key cart") == 2 })
+	mustWait(t, second)
+	first.Done(200)
+	r := mustGet(t, second)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.turn.Done(200)
+	if n := turns.count("Lookup"); n != 0 {
+		t.Fatalf("%d lookups for a key, want none", n)
+	}
+}
