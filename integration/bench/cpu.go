@@ -68,6 +68,7 @@ type cpuUse struct {
 	others  time.Duration // the benchmark's other processes (upstream, idle Caddy)
 	foreign time.Duration // processes that are not part of the benchmark
 	wall    time.Duration
+	byPID   map[int]time.Duration // each of the benchmark's processes
 }
 
 // cores is CPU time over wall time.
@@ -79,9 +80,10 @@ func cores(d, wall time.Duration) float64 {
 }
 
 func cpuBetween(a, b cpuSample, caddyPID int, wall time.Duration) cpuUse {
-	u := cpuUse{wall: wall, foreign: b.machine - a.machine}
+	u := cpuUse{wall: wall, foreign: b.machine - a.machine, byPID: make(map[int]time.Duration, len(b.procs))}
 	for pid, t := range b.procs {
 		d := t - a.procs[pid]
+		u.byPID[pid] = d
 		u.foreign -= d
 		switch pid {
 		case caddyPID:

@@ -67,6 +67,9 @@ type load struct {
 	// for CPU accounting over the measurement window.
 	pids     []int
 	caddyPID int
+	// redisAddr, if set, is the redis-server whose counters are read over
+	// the window too.
+	redisAddr string
 }
 
 // result is what a round measured inside its window (after the warm-up).
@@ -78,6 +81,7 @@ type result struct {
 	errors    int
 	errSample string
 	cpu       cpuUse
+	redis     redisUse
 }
 
 func (r *result) rps() float64 { return float64(r.requests) / r.window.Seconds() }
@@ -127,11 +131,14 @@ func (l *load) run(ctx context.Context, cursors []cursor) result {
 	workers := make([]*worker, l.concurrency)
 	var wg sync.WaitGroup
 	var cpu cpuUse
+	var redis redisUse
 	wg.Go(func() {
 		time.Sleep(time.Until(from))
 		a := sampleCPU(l.pids)
+		ra := sampleRedis(l.redisAddr)
 		time.Sleep(time.Until(end))
 		cpu = cpuBetween(a, sampleCPU(l.pids), l.caddyPID, end.Sub(from))
+		redis = sampleRedis(l.redisAddr).since(ra)
 	})
 	bodies := sessionBodies(l.perSession)
 	for i := range workers {
@@ -148,7 +155,7 @@ func (l *load) run(ctx context.Context, cursors []cursor) result {
 		})
 	}
 	wg.Wait()
-	res := result{window: end.Sub(from), cpu: cpu}
+	res := result{window: end.Sub(from), cpu: cpu, redis: redis}
 	for _, w := range workers {
 		res.merge(&w.res)
 	}

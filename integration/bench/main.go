@@ -21,8 +21,8 @@
 //   - state: two more Caddys, C and D, like B plus `state redis` on a
 //     redis-server of its own: initialize one at a time through B and C
 //     (the creation write), a session's first request on D after C
-//     created it (the first-sight lookup), and session throughput A vs C
-//     beside A vs B.
+//     created it (the first-sight lookup), and session throughput of A, B
+//     and C in turn (C/A beside B/A, and C/B: what the state costs).
 //
 // It reads the CPU time of every process from /proc during each round: a
 // pair of rounds during which processes outside the benchmark used more
@@ -115,7 +115,7 @@ func main() {
 	flag.BoolVar(&o.pin, "pin", runtime.NumCPU() >= 2, "load generator and upstream on one CPU, both Caddys on another")
 	flag.BoolVar(&o.keep, "keep", false, "keep the working directory (Caddyfiles, logs)")
 	flag.StringVar(&o.phases, "phases", "memory,handler,session,sessionless,latency,pipeline,state", "phases to run")
-	flag.IntVar(&o.statePairs, "state-pairs", 40, "state phase: pairs of session rounds with state redis (and without, unless the session phase ran)")
+	flag.IntVar(&o.statePairs, "state-pairs", 40, "state phase: sets of session rounds, one round each against A, B (state off) and C (state redis)")
 	flag.IntVar(&o.stateSamples, "state-samples", 500, "state phase: sequential samples of the creation write and the first-sight lookup")
 	flag.Parse()
 	// Importing caddy sends the standard logger to zap; take it back.
@@ -311,8 +311,29 @@ func run(ctx context.Context, o options) error {
 // -max-foreign cores is left out and run again (at most -retries times
 // per scenario; after that, such pairs are kept and counted).
 func (r *report) pairs(ctx context.Context, name string, targets [2]*caddyProc, l load, n int) pairSeries {
-	var s pairSeries
-	cursors := [2][]cursor{make([]cursor, l.concurrency), make([]cursor, l.concurrency)}
+	rs := r.rounds(ctx, name, targets[:], l, n)
+	s := pairSeries{a: rs[0], b: rs[1]}
+	ratio, spread := s.ratio()
+	la, lb := s.added(0.5)
+	log.Printf("%-11s %d pairs: A %.0f req/s, B %.0f req/s, B/A %.3f ±%.3f; p50 A %.0f µs, B %.0f µs",
+		name, len(s.a), mean(rpsOf(s.a)), mean(rpsOf(s.b)), ratio, spread, us(la), us(lb))
+	return s
+}
+
+// rounds runs n sets of rounds of l, one round against each target, in
+// an order that changes from set to set so that each target takes each
+// place equally often (two targets: A B, B A, ...; three: every order in
+// turn), and a trend over the run favours none. A set during which other
+// processes used more than -max-foreign cores is left out and run again
+// (at most -retries times per scenario; after that, such sets are kept
+// and counted). It returns each target's rounds, in set order.
+func (r *report) rounds(ctx context.Context, name string, targets []*caddyProc, l load, n int) [][]result {
+	out := make([][]result, len(targets))
+	cursors := make([][]cursor, len(targets))
+	for ti := range targets {
+		cursors[ti] = make([]cursor, l.concurrency)
+	}
+	orders := roundOrders(len(targets))
 	if r.o.profileDir != "" {
 		// One profile per Caddy over the whole scenario; it samples only
 		// while that Caddy runs.
@@ -321,7 +342,7 @@ func (r *report) pairs(ctx context.Context, name string, targets [2]*caddyProc, 
 		for _, t := range targets {
 			path := filepath.Join(r.o.profileDir, fmt.Sprintf("caddy-%s-%s.pprof", t.label, name))
 			wg.Go(func() {
-				if err := t.cpuProfile(path, time.Duration(2*n)*l.duration); err != nil {
+				if err := t.cpuProfile(path, time.Duration(len(targets)*n)*l.duration); err != nil {
 					log.Printf("profile %s: %v", path, err)
 				}
 			})
@@ -329,25 +350,21 @@ func (r *report) pairs(ctx context.Context, name string, targets [2]*caddyProc, 
 	}
 	retries := r.o.retries
 	for i := 0; i < n; i++ {
-		order := []int{0, 1}
-		if i%2 == 1 {
-			order = []int{1, 0}
-		}
-		var pair [2]result
+		set := make([]result, len(targets))
 		disturbed := 0.0
-		for _, ti := range order {
+		for _, ti := range orders[i%len(orders)] {
 			if ctx.Err() != nil {
-				return s
+				return out
 			}
 			t := targets[ti]
 			l.url, l.caddyPID = t.fast, t.cmd.Process.Pid
 			res := l.run(ctx, cursors[ti])
-			pair[ti] = res
+			set[ti] = res
 			disturbed = max(disturbed, cores(res.cpu.foreign, res.cpu.wall))
 		}
 		if r.o.verbose {
-			for ti, res := range pair {
-				log.Printf("%-11s pair %d/%d %s: %6.0f req/s  p50 %6.0f µs  p99 %6.0f µs  CPU cores: Caddy %.2f, load %.2f, upstream %.2f, others %.2f; Caddy %5.1f µs/req  %d errors",
+			for ti, res := range set {
+				log.Printf("%-11s set %d/%d %s: %6.0f req/s  p50 %6.0f µs  p99 %6.0f µs  CPU cores: Caddy %.2f, load %.2f, upstream %.2f, others %.2f; Caddy %5.1f µs/req  %d errors",
 					name, i+1, n, targets[ti].label, res.rps(), us(percentile(res.latencies, 0.50)),
 					us(percentile(res.latencies, 0.99)), cores(res.cpu.caddy, res.cpu.wall), cores(res.cpu.self, res.cpu.wall),
 					cores(res.cpu.others, res.cpu.wall), cores(res.cpu.foreign, res.cpu.wall), us(res.cpuPerRequest()), res.errors)
@@ -360,26 +377,57 @@ func (r *report) pairs(ctx context.Context, name string, targets [2]*caddyProc, 
 			retries--
 			r.dropped++
 			if r.o.verbose {
-				log.Printf("%-11s pair %d/%d: other processes used %.2f cores; running it again", name, i+1, n, disturbed)
+				log.Printf("%-11s set %d/%d: other processes used %.2f cores; running it again", name, i+1, n, disturbed)
 			}
 			i--
 			continue
 		}
-		for ti := range pair {
-			r.count(pair[ti].errors, pair[ti].errSample)
+		for ti := range set {
+			r.count(set[ti].errors, set[ti].errSample)
+			out[ti] = append(out[ti], set[ti])
 		}
-		s.a = append(s.a, pair[0])
-		s.b = append(s.b, pair[1])
 	}
 	for ti, t := range targets {
 		l.url = t.fast
 		l.endSessions(ctx, cursors[ti])
 	}
-	ratio, spread := s.ratio()
-	la, lb := s.added(0.5)
-	log.Printf("%-11s %d pairs: A %.0f req/s, B %.0f req/s, B/A %.3f ±%.3f; p50 A %.0f µs, B %.0f µs",
-		name, len(s.a), mean(rpsOf(s.a)), mean(rpsOf(s.b)), ratio, spread, us(la), us(lb))
-	return s
+	return out
+}
+
+// roundOrders lists the orders rounds take in turn: for two targets A B
+// and B A, for more every permutation, each one next to its reverse.
+func roundOrders(n int) [][]int {
+	var orders [][]int
+	var permute func(prefix, rest []int)
+	permute = func(prefix, rest []int) {
+		if len(rest) == 0 {
+			orders = append(orders, slices.Clone(prefix))
+			return
+		}
+		for i := range rest {
+			next := append(slices.Clone(rest[:i]), rest[i+1:]...)
+			permute(append(prefix, rest[i]), next)
+		}
+	}
+	first := make([]int, n)
+	for i := range first {
+		first[i] = i
+	}
+	permute(nil, first)
+	// Each order followed by its reverse, so that a linear trend cancels
+	// within every two sets.
+	var paired [][]int
+	seen := map[string]bool{}
+	for _, o := range orders {
+		if seen[fmt.Sprint(o)] {
+			continue
+		}
+		rev := slices.Clone(o)
+		slices.Reverse(rev)
+		seen[fmt.Sprint(o)], seen[fmt.Sprint(rev)] = true, true
+		paired = append(paired, o, rev)
+	}
+	return paired
 }
 
 // pipelines runs scenario 3: B with depth requests in flight (the queue

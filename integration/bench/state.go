@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"net"
 	"net/http"
 	"os/exec"
@@ -26,8 +27,37 @@ type stateResult struct {
 	// request on D after C created and opened it (the first-sight lookup)
 	// beside its next request on C (known locally).
 	initB, initC, firstD, nextC []time.Duration
-	off, on                     pairSeries // session traffic: A vs B, A vs C
+	off, on                     pairSeries // session traffic: A vs B, A vs C, the same rounds of A
+	redisPID                    int
+	perSession                  int // requests of a session beside initialize, initialized and DELETE
 	errors                      int
+}
+
+// redisUse is what Redis served over a window: commands (a script's own
+// included) and reads of client data (round trips).
+type redisUse struct {
+	commands, reads int64
+}
+
+// sampleRedis reads Redis's counters; zero without an address or on
+// failure.
+func sampleRedis(addr string) redisUse {
+	if addr == "" {
+		return redisUse{}
+	}
+	stats, err := redisStats(addr)
+	if err != nil {
+		return redisUse{}
+	}
+	return redisUse{stats["total_commands_processed"], stats["total_reads_processed"]}
+}
+
+// since is u less an earlier sample, less the INFO call that took u.
+func (u redisUse) since(earlier redisUse) redisUse {
+	if u.reads == 0 {
+		return redisUse{}
+	}
+	return redisUse{u.commands - earlier.commands - 1, u.reads - earlier.reads - 1}
 }
 
 // stateDirective is B's mcp_serializer line with the shared state in Redis.
@@ -63,6 +93,40 @@ func startRedis(ctx context.Context, dir string) (*proc, string, error) {
 	return p, addr, nil
 }
 
+// redisStats reads the numeric fields of INFO stats.
+func redisStats(addr string) (map[string]int64, error) {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write([]byte("*2\r\n$4\r\nINFO\r\n$5\r\nstats\r\n")); err != nil {
+		return nil, err
+	}
+	rd := bufio.NewReader(conn)
+	head, err := rd.ReadString('\n')
+	if err != nil || !strings.HasPrefix(head, "$") {
+		return nil, fmt.Errorf("INFO stats: answer %q: %v", head, err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(head[1:]))
+	if err != nil {
+		return nil, fmt.Errorf("INFO stats: answer %q", head)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(rd, body); err != nil {
+		return nil, err
+	}
+	stats := map[string]int64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if x, err := strconv.ParseInt(v, 10, 64); err == nil {
+			stats[k] = x
+		}
+	}
+	return stats, nil
+}
+
 func redisPing(addr string) bool {
 	conn, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
@@ -78,8 +142,8 @@ func redisPing(addr string) bool {
 }
 
 // statePhase starts Redis, C and D, measures the sequential costs, then
-// session throughput with state off (A vs B, unless the session phase ran)
-// and on (A vs C) in pairs of rounds.
+// session throughput of A, B (state off) and C (state on) in sets of
+// rounds, one round against each.
 func (r *report) statePhase(ctx context.Context, bin, dir string, up *upstreamProc, base load, targets [2]*caddyProc, caddyCPU, loadCPU int) error {
 	o := r.o
 	redis, addr, err := startRedis(ctx, dir)
@@ -89,7 +153,7 @@ func (r *report) statePhase(ctx context.Context, bin, dir string, up *upstreamPr
 	defer redis.stop()
 	var cd [2]*caddyProc
 	for i, label := range []string{"C", "D"} {
-		p, err := startCaddyWith(ctx, bin, dir, label, stateDirective(addr), false, up.addrs)
+		p, err := startCaddyWith(ctx, bin, dir, label, stateDirective(addr), o.profileDir != "", up.addrs)
 		if err != nil {
 			return fmt.Errorf("state phase (needs the state redis module in %s): %w", bin, err)
 		}
@@ -106,7 +170,7 @@ func (r *report) statePhase(ctx context.Context, bin, dir string, up *upstreamPr
 			return fmt.Errorf("pin: %w", err)
 		}
 	}
-	s := &stateResult{}
+	s := &stateResult{redisPID: redis.cmd.Process.Pid, perSession: o.perSession}
 	r.state = s
 	b, c, d := targets[1], cd[0], cd[1]
 	client := base.client
@@ -172,15 +236,19 @@ func (r *report) statePhase(ctx context.Context, bin, dir string, up *upstreamPr
 	}
 	log.Printf("state: creation write %+.0f µs, first-sight lookup %+.0f µs (p50 differences)", s.creationUS(), s.lookupUS())
 
+	// A, B and C in turn, so that state off (B) and on (C) are measured
+	// against the same rounds of A, under the same machine conditions.
 	l := base
 	l.perSession = o.perSession
 	l.pids = append(slices.Clone(base.pids), redis.cmd.Process.Pid, c.cmd.Process.Pid, d.cmd.Process.Pid)
-	if len(r.session.a) > 0 {
-		s.off = r.session
-	} else {
-		s.off = r.pairs(ctx, "state off", targets, l, o.statePairs)
-	}
-	s.on = r.pairs(ctx, "state on", [2]*caddyProc{targets[0], c}, l, o.statePairs)
+	l.redisAddr = addr
+	rs := r.rounds(ctx, "state", []*caddyProc{targets[0], targets[1], c}, l, o.statePairs)
+	s.off = pairSeries{a: rs[0], b: rs[1]}
+	s.on = pairSeries{a: rs[0], b: rs[2]}
+	offRatio, offSpread := s.off.ratio()
+	onRatio, onSpread := s.on.ratio()
+	log.Printf("state       %d sets: A %.0f req/s, B %.0f req/s, C %.0f req/s; B/A %.3f ±%.3f, C/A %.3f ±%.3f",
+		len(rs[0]), mean(rpsOf(rs[0])), mean(rpsOf(rs[1])), mean(rpsOf(rs[2])), offRatio, offSpread, onRatio, onSpread)
 	return ctx.Err()
 }
 
@@ -231,6 +299,21 @@ func endSession(client *http.Client, url, sid string) error {
 	return nil
 }
 
+// pidCPUPerRequest is the CPU time of process pid per request over the
+// rounds (µs).
+func pidCPUPerRequest(rs []result, pid int) float64 {
+	var cpu time.Duration
+	n := 0
+	for _, r := range rs {
+		cpu += r.cpu.byPID[pid]
+		n += r.requests
+	}
+	if n == 0 {
+		return math.NaN()
+	}
+	return us(cpu) / float64(n)
+}
+
 // creationUS is initialize through C minus through B, at the median (µs).
 func (s *stateResult) creationUS() float64 {
 	return us(percentile(s.initC, 0.5) - percentile(s.initB, 0.5))
@@ -262,7 +345,30 @@ func (s *stateResult) rows() [][]string {
 	}
 	if len(s.on.a) > 0 {
 		ratio, spread := s.on.ratio()
-		row("session throughput, state redis: C/A", f0(mean(rpsOf(s.on.a))), f0(mean(rpsOf(s.on.b))), fmt.Sprintf("%.3f ±%.3f", ratio, spread), "")
+		row("session throughput, state redis: C/A", f0(mean(rpsOf(s.on.a))), f0(mean(rpsOf(s.on.b))), fmt.Sprintf("%.3f ±%.3f", ratio, spread), "≥ 0.95")
+		ratio, spread = pairSeries{a: s.off.b, b: s.on.b}.ratio()
+		row("  state redis vs state off: C/B", f0(mean(rpsOf(s.off.b))), f0(mean(rpsOf(s.on.b))), fmt.Sprintf("%.3f ±%.3f", ratio, spread), "")
+	}
+	if len(s.off.a) > 0 {
+		ca, cb := cpuPerRequest(s.off.a), cpuPerRequest(s.off.b)
+		row("  Caddy CPU per request: A, B (µs)", f1(ca), f1(cb), signed(cb-ca), "")
+	}
+	if len(s.on.a) > 0 {
+		ca, cc := cpuPerRequest(s.on.a), cpuPerRequest(s.on.b)
+		row("  Caddy CPU per request: A, C (µs)", f1(ca), f1(cc), signed(cc-ca), "")
+		row("  redis-server CPU per request of C (µs)", "", f1(pidCPUPerRequest(s.on.b, s.redisPID)), "", "")
+		var u redisUse
+		n := 0
+		for _, res := range s.on.b {
+			u.commands += res.redis.commands
+			u.reads += res.redis.reads
+			n += res.requests
+		}
+		if n > 0 && u.reads > 0 {
+			// Per session: initialize, initialized, the requests, DELETE.
+			per := float64(s.perSession+3) / float64(n)
+			row("  Redis round trips, commands per session of C", "", fmt.Sprintf("%.2f, %.2f", per*float64(u.reads), per*float64(u.commands)), "", "")
+		}
 	}
 	return rows
 }
