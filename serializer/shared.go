@@ -10,7 +10,9 @@ import (
 // before acting at init_timeout, and the refresh of live records. None of
 // it runs for a table without a Store.
 
-// storeOp is a write to the Store queued by a session.
+// storeOp is a write to the Store queued by a session. The order of the
+// values matters: each does to a record all that the ones before it do
+// (see strongestWrite).
 type storeOp uint8
 
 const (
@@ -32,9 +34,11 @@ const (
 const touchFailuresToStop = 3
 
 // record queues a write of s's state to the Store, if there is one. The
-// writes of a session go from one goroutine, in the order queued, so the
-// store never sees Opened or Forget before the Created and
-// InitializeEnded that came first here. Caller holds s.mu.
+// writes of a session go from one goroutine, one at a time and in the
+// order queued, so the store never sees Opened or Forget before the
+// Created and InitializeEnded that came first here; writes queued while
+// another is sent go as the one that does all they do (strongestWrite).
+// Caller holds s.mu.
 func (s *Session) record(op storeOp) {
 	if s.table.config().Store == nil {
 		return
@@ -55,8 +59,8 @@ func (s *Session) sendWrites() {
 			s.mu.Unlock()
 			return
 		}
-		op := s.writes[0]
-		s.writes = s.writes[1:]
+		op := strongestWrite(s.writes)
+		s.writes = s.writes[:0]
 		s.mu.Unlock()
 
 		cfg := s.table.config()
