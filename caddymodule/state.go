@@ -89,10 +89,11 @@ const stateWarnInterval = 10 * time.Second
 
 // sharedState is the serializer.Store the table calls: it turns ids into
 // keys, bounds every call by the engine's timeout and the calls in flight
-// by maxStateCallsInFlight, remembers "not found" answers briefly, and on
-// failure counts caddy_mcp_serializer_state_errors_total{op} and logs a
-// rate-limited WARN. The table treats an error as "unknown" and carries
-// on locally.
+// by maxStateCallsInFlight, sends the writes of concurrent calls together
+// to an engine that takes batches (statewrites.go), remembers "not found"
+// answers briefly, and on failure counts
+// caddy_mcp_serializer_state_errors_total{op} and logs a rate-limited
+// WARN. The table treats an error as "unknown" and carries on locally.
 type sharedState struct {
 	engine  StateEngine
 	ttl     time.Duration
@@ -102,6 +103,9 @@ type sharedState struct {
 
 	slots    chan struct{} // one per engine call not yet returned
 	notFound *notFoundCache
+
+	batch  batchEngine // the engine, when it takes writes in batches
+	writes writeQueue  // with batch: the writes not sent yet
 
 	errors [numStateOps]prometheus.Counter
 	warns  [numStateOps]warnLimiter
@@ -120,11 +124,15 @@ func newSharedState(engine StateEngine, ttl time.Duration, logger *zap.Logger) *
 	for op := range numStateOps {
 		s.errors[op] = metrics.stateErrors.WithLabelValues(op.String())
 	}
+	s.batch, _ = engine.(batchEngine)
 	return s
 }
 
 func (s *sharedState) Created(ctx context.Context, id string, initDeadline time.Time) error {
 	key := serializer.StoreKey(id)
+	if s.batch != nil {
+		return s.write(ctx, id, &stateWrite{op: opCreated, key: key, deadline: initDeadline, after: s.notFound.creating(key)})
+	}
 	_, err := bounded(s, ctx, opCreated, id, key, func(ctx context.Context, key string) (struct{}, error) {
 		defer s.notFound.creating(key)()
 		return struct{}{}, s.engine.Created(ctx, key, initDeadline, s.ttl)
@@ -133,6 +141,9 @@ func (s *sharedState) Created(ctx context.Context, id string, initDeadline time.
 }
 
 func (s *sharedState) InitializeEnded(ctx context.Context, id string) error {
+	if s.batch != nil {
+		return s.write(ctx, id, &stateWrite{op: opInitializeEnded, key: serializer.StoreKey(id)})
+	}
 	_, err := bounded(s, ctx, opInitializeEnded, id, serializer.StoreKey(id), func(ctx context.Context, key string) (struct{}, error) {
 		return struct{}{}, s.engine.InitializeEnded(ctx, key, s.ttl)
 	})
@@ -140,6 +151,9 @@ func (s *sharedState) InitializeEnded(ctx context.Context, id string) error {
 }
 
 func (s *sharedState) Opened(ctx context.Context, id string) error {
+	if s.batch != nil {
+		return s.write(ctx, id, &stateWrite{op: opOpened, key: serializer.StoreKey(id)})
+	}
 	_, err := bounded(s, ctx, opOpened, id, serializer.StoreKey(id), func(ctx context.Context, key string) (struct{}, error) {
 		return struct{}{}, s.engine.Opened(ctx, key, s.ttl)
 	})
@@ -147,6 +161,9 @@ func (s *sharedState) Opened(ctx context.Context, id string) error {
 }
 
 func (s *sharedState) Touch(ctx context.Context, id string) error {
+	if s.batch != nil {
+		return s.write(ctx, id, &stateWrite{op: opTouch, key: serializer.StoreKey(id)})
+	}
 	_, err := bounded(s, ctx, opTouch, id, serializer.StoreKey(id), func(ctx context.Context, key string) (struct{}, error) {
 		return struct{}{}, s.engine.Touch(ctx, key, s.ttl)
 	})
@@ -161,9 +178,14 @@ func (s *sharedState) Forget(ctx context.Context, id string) error {
 	key := serializer.StoreKey(id)
 	s.notFound.drop(key)
 	version := s.notFound.version(key)
-	_, err := bounded(s, ctx, opForget, id, key, func(ctx context.Context, key string) (struct{}, error) {
-		return struct{}{}, s.engine.Forget(ctx, key)
-	})
+	var err error
+	if s.batch != nil {
+		err = s.write(ctx, id, &stateWrite{op: opForget, key: key})
+	} else {
+		_, err = bounded(s, ctx, opForget, id, key, func(ctx context.Context, key string) (struct{}, error) {
+			return struct{}{}, s.engine.Forget(ctx, key)
+		})
+	}
 	if err == nil {
 		s.notFound.add(key, version, s.now())
 	}

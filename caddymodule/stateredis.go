@@ -239,35 +239,30 @@ end
 return 1
 `)
 
-// Created writes the record of a new session.
+// Created writes the record of a new session. The adapter sends the
+// writes in batches (Writes); one on its own is a batch of one.
 func (r *RedisState) Created(ctx context.Context, key string, initDeadline time.Time, ttl time.Duration) error {
-	life := serializer.RecordTTL(ttl, false, initDeadline, time.Now())
-	return createScript.Run(ctx, r.client, []string{r.KeyPrefix + key},
-		initDeadline.UnixMilli(), life.Milliseconds()).Err()
+	return r.write(ctx, &stateWrite{op: opCreated, key: key, deadline: initDeadline}, ttl)
 }
 
 // InitializeEnded clears the record's in-flight mark.
 func (r *RedisState) InitializeEnded(ctx context.Context, key string, ttl time.Duration) error {
-	return r.update(ctx, key, "ended", ttl)
+	return r.write(ctx, &stateWrite{op: opInitializeEnded, key: key}, ttl)
 }
 
 // Opened marks the record open.
 func (r *RedisState) Opened(ctx context.Context, key string, ttl time.Duration) error {
-	return r.update(ctx, key, "opened", ttl)
+	return r.write(ctx, &stateWrite{op: opOpened, key: key}, ttl)
 }
 
 // Touch refreshes the record's expiry.
 func (r *RedisState) Touch(ctx context.Context, key string, ttl time.Duration) error {
-	return r.update(ctx, key, "touch", ttl)
-}
-
-func (r *RedisState) update(ctx context.Context, key, op string, ttl time.Duration) error {
-	return updateScript.Run(ctx, r.client, []string{r.KeyPrefix + key}, op, ttl.Milliseconds()).Err()
+	return r.write(ctx, &stateWrite{op: opTouch, key: key}, ttl)
 }
 
 // Forget removes the record.
 func (r *RedisState) Forget(ctx context.Context, key string) error {
-	return r.client.Del(ctx, r.KeyPrefix+key).Err()
+	return r.write(ctx, &stateWrite{op: opForget, key: key}, 0)
 }
 
 // Lookup reads the record.

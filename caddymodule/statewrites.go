@@ -1,0 +1,150 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// batchEngine is a StateEngine that sends several writes in one exchange
+// with its server (the redis engine: one pipeline, one round trip). Over
+// such an engine the adapter gathers the writes that calls make while an
+// exchange is in flight into the next one: a busy instance then pays one
+// round trip, and one wake-up of Redis, for the records of many sessions
+// instead of one per write.
+type batchEngine interface {
+	// Writes sends ws in their order and sets each one's err. It honours
+	// ctx.
+	Writes(ctx context.Context, ws []*stateWrite, ttl time.Duration)
+}
+
+// stateWrite is one write of a batch.
+type stateWrite struct {
+	op       stateOp // opCreated, opInitializeEnded, opOpened, opTouch or opForget
+	key      string
+	deadline time.Time // opCreated's init deadline
+	err      error     // the engine's answer
+
+	state atomic.Uint32 // writeQueued, then writeSent or writeAbandoned
+	done  chan struct{} // closed once the engine answered, or the write was left out
+	after func()        // nil, or run at that moment
+}
+
+const (
+	writeQueued uint32 = iota
+	writeSent
+	// Its caller stopped waiting before it was sent: it is never sent, so
+	// that the session's next write, which its caller may make at once,
+	// cannot end up before it.
+	writeAbandoned
+)
+
+// maxWriteBatches bounds the exchanges of writes one adapter has in
+// flight. A write that finds one in flight waits for the next, so that
+// the writes of a busy instance go together; only a Created, which a
+// client's initialize answer waits for, starts a second exchange rather
+// than wait for the first's round trip.
+const maxWriteBatches = 2
+
+// writeQueue holds an adapter's writes not yet sent.
+type writeQueue struct {
+	mu      sync.Mutex
+	queued  []*stateWrite
+	senders int // goroutines sending batches
+}
+
+// write sends w through the engine's batches and waits for its answer,
+// with bounded's bounds: at most the engine's timeout, and a slot held
+// until the engine answered (errStateBusy, without the engine, when none
+// is free). Failures are counted and logged as bounded does.
+func (s *sharedState) write(ctx context.Context, id string, w *stateWrite) error {
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		if w.after != nil {
+			w.after()
+		}
+		s.failed(w.op, id, errStateBusy)
+		return errStateBusy
+	}
+	w.done = make(chan struct{})
+	q := &s.writes
+	q.mu.Lock()
+	q.queued = append(q.queued, w)
+	start := q.senders == 0 || (w.op == opCreated && q.senders < maxWriteBatches)
+	if start {
+		q.senders++
+	}
+	q.mu.Unlock()
+	if start {
+		go s.sendBatches()
+	}
+
+	callCtx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	var err error
+	select {
+	case <-w.done:
+		err = w.err
+	case <-callCtx.Done():
+		w.state.CompareAndSwap(writeQueued, writeAbandoned)
+		err = fmt.Errorf("no answer within %s: %w", s.timeout, callCtx.Err())
+	}
+	if err != nil && !errors.Is(ctx.Err(), context.Canceled) {
+		s.failed(w.op, id, err)
+	}
+	return err
+}
+
+// sendBatches sends the queued writes, all that are queued at a time,
+// until none is left.
+func (s *sharedState) sendBatches() {
+	q := &s.writes
+	var batch, send []*stateWrite
+	for {
+		q.mu.Lock()
+		if len(q.queued) == 0 {
+			q.senders--
+			q.queued = nil // let a burst's backing array go
+			q.mu.Unlock()
+			return
+		}
+		// All of them: each holds a slot, so there are at most
+		// maxStateCallsInFlight.
+		batch = append(batch[:0], q.queued...)
+		clear(q.queued)
+		q.queued = q.queued[:0]
+		q.mu.Unlock()
+
+		send = send[:0]
+		for _, w := range batch {
+			if w.state.CompareAndSwap(writeQueued, writeSent) {
+				send = append(send, w)
+			} else {
+				s.answered(w)
+			}
+		}
+		if len(send) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+			s.batch.Writes(ctx, send, s.ttl)
+			cancel()
+			for _, w := range send {
+				s.answered(w)
+			}
+		}
+		clear(batch)
+		clear(send)
+	}
+}
+
+// answered ends w: its slot freed, its caller woken.
+func (s *sharedState) answered(w *stateWrite) {
+	if w.after != nil {
+		w.after()
+	}
+	<-s.slots
+	close(w.done)
+}

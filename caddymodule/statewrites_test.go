@@ -1,0 +1,299 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+// batchingEngine is a fakeEngine that takes writes in batches. It logs
+// each batch, and holds the first one until the test closes holdFirst
+// (or the batch's context ends).
+type batchingEngine struct {
+	*fakeEngine
+	timeout   time.Duration
+	holdFirst chan struct{}
+	arrived   chan struct{} // one per batch
+
+	mu      sync.Mutex
+	batches [][]string // "op key" of each write
+}
+
+func newBatchingEngine(timeout time.Duration) *batchingEngine {
+	return &batchingEngine{fakeEngine: newFakeEngine(), timeout: timeout,
+		holdFirst: make(chan struct{}), arrived: make(chan struct{}, 1024)}
+}
+
+func (e *batchingEngine) CallTimeout() time.Duration { return e.timeout }
+
+func (e *batchingEngine) Writes(ctx context.Context, ws []*stateWrite, _ time.Duration) {
+	var names []string
+	for _, w := range ws {
+		names = append(names, w.op.String()+" "+w.key)
+	}
+	e.mu.Lock()
+	e.batches = append(e.batches, names)
+	first := len(e.batches) == 1
+	e.mu.Unlock()
+	e.arrived <- struct{}{}
+	var err error
+	if first {
+		select {
+		case <-e.holdFirst:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	for _, w := range ws {
+		w.err = err
+	}
+}
+
+func (e *batchingEngine) sent() [][]string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.batches)
+}
+
+func (e *batchingEngine) awaitBatch(t *testing.T) {
+	t.Helper()
+	select {
+	case <-e.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no batch reached the engine within 10s")
+	}
+}
+
+// queued is the number of writes waiting for a batch.
+func queued(s *sharedState) int {
+	s.writes.mu.Lock()
+	defer s.writes.mu.Unlock()
+	return len(s.writes.queued)
+}
+
+func eventuallyTrue(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// awaitAll waits for the calls' answers, each bounded.
+func awaitAll(t *testing.T, errs <-chan error, n int) []error {
+	t.Helper()
+	var out []error
+	for range n {
+		select {
+		case err := <-errs:
+			out = append(out, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d calls answered within 10s", len(out), n)
+		}
+	}
+	return out
+}
+
+func TestAdapterSendsTheWritesMadeDuringAnExchangeTogetherInTheNext(t *testing.T) {
+	eng := newBatchingEngine(10 * time.Second)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	errs := make(chan error, 4)
+
+	go func() { errs <- store.Opened(ctx, "a") }()
+	eng.awaitBatch(t)
+	go func() { errs <- store.InitializeEnded(ctx, "b") }()
+	go func() { errs <- store.Opened(ctx, "c") }()
+	go func() { errs <- store.Forget(ctx, "d") }()
+	eventuallyTrue(t, "three writes queued", func() bool { return queued(store) == 3 })
+	close(eng.holdFirst)
+	for _, err := range awaitAll(t, errs, 4) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	batches := eng.sent()
+	key := serializer.StoreKey
+	if len(batches) != 2 || !slices.Equal(batches[0], []string{"opened " + key("a")}) {
+		t.Fatalf("batches %q, want the first write alone, then the three others together", batches)
+	}
+	second := slices.Sorted(slices.Values(batches[1]))
+	want := slices.Sorted(slices.Values([]string{"initialize_ended " + key("b"), "opened " + key("c"), "forget " + key("d")}))
+	if !slices.Equal(second, want) {
+		t.Fatalf("second batch %q, want %q", second, want)
+	}
+}
+
+// A client's initialize answer waits for Created: it does not wait for
+// an exchange in flight to end, as the other writes do.
+func TestAdapterCreatedStartsAnExchangeBesideOneInFlight(t *testing.T) {
+	eng := newBatchingEngine(10 * time.Second)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	errs := make(chan error, 3)
+
+	go func() { errs <- store.Opened(ctx, "a") }()
+	eng.awaitBatch(t)
+	go func() { errs <- store.Created(ctx, "new", time.Now().Add(time.Minute)) }()
+	if err := awaitAll(t, errs, 1)[0]; err != nil {
+		t.Fatalf("Created = %v", err)
+	}
+
+	go func() { errs <- store.Touch(ctx, "b") }()
+	eventuallyTrue(t, "the Touch queued", func() bool { return queued(store) == 1 })
+	if n := len(eng.sent()); n != 2 {
+		t.Fatalf("%d batches sent while the first was in flight, want 2 (it and Created's)", n)
+	}
+	close(eng.holdFirst)
+	for _, err := range awaitAll(t, errs, 2) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := eng.sent(); len(got) != 3 || !slices.Equal(got[2], []string{"touch " + serializer.StoreKey("b")}) {
+		t.Fatalf("batches %q, want the Touch in a third, once the first ended", got)
+	}
+}
+
+// A write whose caller stopped waiting before it was sent is never sent:
+// its session's next write, which may follow at once, must not end up
+// behind it. Its slot comes back, and the failure is counted.
+func TestAdapterNeverSendsAWriteItsCallerStoppedWaitingFor(t *testing.T) {
+	eng := newBatchingEngine(10 * time.Second)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	counter := metrics.stateErrors.WithLabelValues("forget")
+	before := testutil.ToFloat64(counter)
+	errs := make(chan error, 1)
+
+	go func() { errs <- store.Opened(context.Background(), "a") }()
+	eng.awaitBatch(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := store.Forget(ctx, "late"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Forget = %v, want the caller's deadline", err)
+	}
+	if got := testutil.ToFloat64(counter); got != before+1 {
+		t.Fatalf("%v forget errors counted, want %v", got, before+1)
+	}
+	close(eng.holdFirst)
+	if err := awaitAll(t, errs, 1)[0]; err != nil {
+		t.Fatal(err)
+	}
+	eventuallyTrue(t, "the sender done", func() bool {
+		store.writes.mu.Lock()
+		defer store.writes.mu.Unlock()
+		return store.writes.senders == 0
+	})
+	if got := eng.sent(); len(got) != 1 {
+		t.Fatalf("batches %q: the abandoned write was sent", got)
+	}
+	if n := len(store.slots); n != 0 {
+		t.Fatalf("%d slots still taken", n)
+	}
+}
+
+// Writes queued behind a hung exchange hold their slots: once all are
+// taken the next write fails at once, without queueing.
+func TestAdapterRefusesAWriteWhenEveryCallSlotIsTaken(t *testing.T) {
+	eng := newBatchingEngine(10 * time.Second)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	errs := make(chan error, maxStateCallsInFlight)
+
+	go func() { errs <- store.Opened(ctx, "first") }()
+	eng.awaitBatch(t)
+	for i := range maxStateCallsInFlight - 1 {
+		go func() { errs <- store.Touch(ctx, strconv.Itoa(i)) }()
+	}
+	eventuallyTrue(t, "every slot taken", func() bool { return queued(store) == maxStateCallsInFlight-1 })
+	if err := store.Touch(ctx, "one too many"); !errors.Is(err, errStateBusy) {
+		t.Fatalf("Touch = %v, want errStateBusy", err)
+	}
+	close(eng.holdFirst)
+	for _, err := range awaitAll(t, errs, maxStateCallsInFlight) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The scripts go by their SHA; a server that lost them (restarted, or
+// SCRIPT FLUSH) gets them again, within the same call.
+func TestRedisWritesLoadTheScriptsTheServerLost(t *testing.T) {
+	addr := startRedis(t)
+	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}}).(*RedisState)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	if err := store.Created(ctx, "s1", time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.client.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ws := []*stateWrite{
+		{op: opCreated, key: serializer.StoreKey("s2"), deadline: time.Now().Add(time.Minute)},
+		{op: opOpened, key: serializer.StoreKey("s1")},
+		{op: opInitializeEnded, key: serializer.StoreKey("s2")},
+		{op: opTouch, key: serializer.StoreKey("s1")},
+	}
+	eng.Writes(ctx, ws, time.Hour)
+	for _, w := range ws {
+		if w.err != nil {
+			t.Fatalf("%s: %v", w.op, w.err)
+		}
+	}
+	for id, want := range map[string]serializer.Record{
+		"s1": {Open: true},
+		"s2": {InitializeInFlight: false},
+	} {
+		rec, found, err := store.Lookup(ctx, id)
+		if err != nil || !found || rec.Open != want.Open || rec.InitializeInFlight != want.InitializeInFlight {
+			t.Fatalf("Lookup(%s) = %+v, %v, %v; want %+v", id, rec, found, err, want)
+		}
+	}
+}
+
+// One batch holds the writes of several sessions, each session's in its
+// order, as a busy instance sends them.
+func TestRedisWritesOfOneBatchApplyInTheirOrder(t *testing.T) {
+	addr := startRedis(t)
+	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}}).(*RedisState)
+	ctx := context.Background()
+	deadline := time.Now().Add(time.Minute)
+	k := serializer.StoreKey
+	ws := []*stateWrite{
+		{op: opCreated, key: k("opened"), deadline: deadline},
+		{op: opCreated, key: k("ended"), deadline: deadline},
+		{op: opOpened, key: k("opened")},
+		{op: opForget, key: k("ended")},
+		{op: opInitializeEnded, key: k("opened")}, // does not undo Opened
+		{op: opOpened, key: k("ended")},           // does not bring it back
+		{op: opOpened, key: k("never created")},
+	}
+	eng.Writes(ctx, ws, time.Hour)
+	for _, w := range ws {
+		if w.err != nil {
+			t.Fatalf("%s %s: %v", w.op, w.key, w.err)
+		}
+	}
+	for key, want := range map[string]bool{k("opened"): true, k("ended"): false, k("never created"): false} {
+		rec, found, err := eng.Lookup(ctx, key)
+		if err != nil || found != want || (found && (!rec.Open || rec.InitializeInFlight)) {
+			t.Fatalf("Lookup = %+v, %v, %v; want found %v and open", rec, found, err, want)
+		}
+	}
+	if n, err := eng.client.Exists(ctx, eng.KeyPrefix+k("ended"), eng.KeyPrefix+k("never created")).Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS = %d, %v", n, err)
+	}
+}
