@@ -120,6 +120,7 @@ func newSharedState(engine StateEngine, ttl time.Duration, logger *zap.Logger) *
 		now:      time.Now,
 		slots:    make(chan struct{}, maxStateCallsInFlight),
 		notFound: newNotFoundCache(),
+		writes:   writeQueue{wake: make(chan struct{}, maxWriteBatches)},
 	}
 	for op := range numStateOps {
 		s.errors[op] = metrics.stateErrors.WithLabelValues(op.String())

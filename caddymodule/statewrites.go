@@ -49,12 +49,26 @@ const (
 // than wait for the first's round trip.
 const maxWriteBatches = 2
 
+// senderLinger is how long a sender with nothing to send waits for more
+// before its goroutine ends: on a busy instance the same goroutines send
+// batch after batch.
+const senderLinger = time.Second
+
 // writeQueue holds an adapter's writes not yet sent.
 type writeQueue struct {
 	mu      sync.Mutex
 	queued  []*stateWrite
-	senders int // goroutines sending batches
+	senders int           // goroutines sending batches, idle ones included
+	idle    int           // senders waiting for writes, not yet woken; the others are busy
+	wake    chan struct{} // one token per idle sender woken
 }
+
+// timers reuses the timers that bound a caller's wait.
+var timers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
 
 // write sends w through the engine's batches and waits for its answer,
 // with bounded's bounds: at most the engine's timeout, and a slot held
@@ -74,43 +88,76 @@ func (s *sharedState) write(ctx context.Context, id string, w *stateWrite) error
 	q := &s.writes
 	q.mu.Lock()
 	q.queued = append(q.queued, w)
-	start := q.senders == 0 || (w.op == opCreated && q.senders < maxWriteBatches)
-	if start {
-		q.senders++
+	if busy := q.senders - q.idle; busy == 0 || (w.op == opCreated && busy < maxWriteBatches) {
+		if q.idle > 0 {
+			q.idle--
+			q.wake <- struct{}{} // never blocks: at most one token per sender
+		} else {
+			q.senders++
+			go s.sendBatches()
+		}
 	}
 	q.mu.Unlock()
-	if start {
-		go s.sendBatches()
-	}
 
-	callCtx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
+	// A timer rather than a context derived from ctx: cheaper, and this
+	// runs for every write.
+	timer := timers.Get().(*time.Timer)
+	resetTimer(timer, s.timeout)
 	var err error
 	select {
 	case <-w.done:
 		err = w.err
-	case <-callCtx.Done():
-		w.state.CompareAndSwap(writeQueued, writeAbandoned)
-		err = fmt.Errorf("no answer within %s: %w", s.timeout, callCtx.Err())
+	case <-timer.C:
+		err = s.gaveUp(w, context.DeadlineExceeded)
+	case <-ctx.Done():
+		err = s.gaveUp(w, ctx.Err())
 	}
+	stopTimer(timer)
+	timers.Put(timer)
 	if err != nil && !errors.Is(ctx.Err(), context.Canceled) {
 		s.failed(w.op, id, err)
 	}
 	return err
 }
 
+// gaveUp: w's caller stops waiting, for cause; w is not sent if it was
+// not yet.
+func (s *sharedState) gaveUp(w *stateWrite, cause error) error {
+	w.state.CompareAndSwap(writeQueued, writeAbandoned)
+	return fmt.Errorf("no answer within %s: %w", s.timeout, cause)
+}
+
+// stopTimer stops t with nothing left to read on t.C, whatever the Go
+// version's timer semantics.
+func stopTimer(t *time.Timer) {
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	stopTimer(t)
+	t.Reset(d)
+}
+
 // sendBatches sends the queued writes, all that are queued at a time,
-// until none is left.
+// until none has come for senderLinger.
 func (s *sharedState) sendBatches() {
 	q := &s.writes
 	var batch, send []*stateWrite
+	linger := time.NewTimer(senderLinger)
+	defer linger.Stop()
 	for {
 		q.mu.Lock()
 		if len(q.queued) == 0 {
-			q.senders--
 			q.queued = nil // let a burst's backing array go
-			q.mu.Unlock()
-			return
+			if !s.awaitWrites(linger) {
+				return
+			}
+			continue
 		}
 		// All of them: each holds a slot, so there are at most
 		// maxStateCallsInFlight.
@@ -137,6 +184,31 @@ func (s *sharedState) sendBatches() {
 		}
 		clear(batch)
 		clear(send)
+	}
+}
+
+// awaitWrites waits, as an idle sender, until a write wakes it (true) or
+// senderLinger passes (false: the sender is gone). Caller holds q.mu; it
+// is released.
+func (s *sharedState) awaitWrites(linger *time.Timer) bool {
+	q := &s.writes
+	q.idle++
+	q.mu.Unlock()
+	resetTimer(linger, senderLinger)
+	select {
+	case <-q.wake:
+		return true
+	case <-linger.C:
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	select {
+	case <-q.wake: // a write came as the time ran out: take it
+		return true
+	default:
+		q.idle--
+		q.senders--
+		return false
 	}
 }
 

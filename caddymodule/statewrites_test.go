@@ -190,10 +190,10 @@ func TestAdapterNeverSendsAWriteItsCallerStoppedWaitingFor(t *testing.T) {
 	if err := awaitAll(t, errs, 1)[0]; err != nil {
 		t.Fatal(err)
 	}
-	eventuallyTrue(t, "the sender done", func() bool {
+	eventuallyTrue(t, "the sender idle", func() bool {
 		store.writes.mu.Lock()
 		defer store.writes.mu.Unlock()
-		return store.writes.senders == 0
+		return store.writes.idle == store.writes.senders
 	})
 	if got := eng.sent(); len(got) != 1 {
 		t.Fatalf("batches %q: the abandoned write was sent", got)
@@ -201,6 +201,28 @@ func TestAdapterNeverSendsAWriteItsCallerStoppedWaitingFor(t *testing.T) {
 	if n := len(store.slots); n != 0 {
 		t.Fatalf("%d slots still taken", n)
 	}
+}
+
+// A sender with nothing to send ends after senderLinger: an adapter left
+// behind by a reload keeps no goroutine.
+func TestAdapterSendersEndOnceNoWritesCome(t *testing.T) {
+	eng := newBatchingEngine(10 * time.Second)
+	close(eng.holdFirst)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	errs := make(chan error, 2)
+	go func() { errs <- store.Opened(ctx, "a") }()
+	go func() { errs <- store.Created(ctx, "b", time.Now().Add(time.Minute)) }()
+	for _, err := range awaitAll(t, errs, 2) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventuallyTrue(t, "no sender left", func() bool {
+		store.writes.mu.Lock()
+		defer store.writes.mu.Unlock()
+		return store.writes.senders == 0 && store.writes.idle == 0
+	})
 }
 
 // Writes queued behind a hung exchange hold their slots: once all are
