@@ -247,7 +247,15 @@ func (w *worker) do(ctx context.Context, method, sid string, body []byte, want i
 		h[mcpstub.SessionHeader] = []string{sid}
 		h["Mcp-Protocol-Version"] = []string{"2025-06-18"}
 	} else if w.l.perSession == 0 {
+		// MCP 2026-07-28 traffic: the method (and a tool's name) in
+		// headers, as every request of that era carries them.
 		h["Mcp-Protocol-Version"] = []string{"2026-07-28"}
+		if bytes.Equal(body, bodyToolsCall) {
+			h["Mcp-Method"] = []string{"tools/call"}
+			h["Mcp-Name"] = []string{"echo"}
+		} else {
+			h["Mcp-Method"] = []string{"tools/list"}
+		}
 	}
 
 	start := time.Now()

@@ -106,7 +106,7 @@ func (r *report) print(w io.Writer, elapsed time.Duration) {
 	}
 	if len(r.sessionless.a) > 0 {
 		ratio, spread := r.sessionless.ratio()
-		row("session-less traffic, throughput (req/s)", f0(mean(rpsOf(r.sessionless.a))), f0(mean(rpsOf(r.sessionless.b))),
+		row("session-less (MCP 2026-07-28) traffic, throughput (req/s)", f0(mean(rpsOf(r.sessionless.a))), f0(mean(rpsOf(r.sessionless.b))),
 			fmt.Sprintf("%.3f ±%.3f", ratio, spread), "≥ 0.99")
 		ca, cb := cpuPerRequest(r.sessionless.a), cpuPerRequest(r.sessionless.b)
 		row("  Caddy CPU per request (µs)", f1(ca), f1(cb), signed(cb-ca), "")
