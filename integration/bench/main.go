@@ -83,6 +83,7 @@ type options struct {
 	retries      int
 	phases       string
 	statePairs   int
+	stateCompare string
 	stateSamples int
 	verbose      bool
 	control      bool
@@ -116,6 +117,7 @@ func main() {
 	flag.BoolVar(&o.keep, "keep", false, "keep the working directory (Caddyfiles, logs)")
 	flag.StringVar(&o.phases, "phases", "memory,handler,session,sessionless,latency,pipeline,state", "phases to run")
 	flag.IntVar(&o.statePairs, "state-pairs", 40, "state phase: sets of session rounds, one round each against A, B (state off) and C (state redis)")
+	flag.StringVar(&o.stateCompare, "state-compare", "", "state phase: another Caddy binary run as E, configured like C, in the same sets of rounds (E/A beside C/A, and C/E)")
 	flag.IntVar(&o.stateSamples, "state-samples", 500, "state phase: sequential samples of the creation write and the first-sight lookup")
 	flag.Parse()
 	// Importing caddy sends the standard logger to zap; take it back.

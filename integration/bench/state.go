@@ -28,6 +28,7 @@ type stateResult struct {
 	// beside its next request on C (known locally).
 	initB, initC, firstD, nextC []time.Duration
 	off, on                     pairSeries // session traffic: A vs B, A vs C, the same rounds of A
+	compare                     pairSeries // with -state-compare: A vs E, the same rounds of A
 	redisPID                    int
 	perSession                  int // requests of a session beside initialize, initialized and DELETE
 	errors                      int
@@ -236,15 +237,39 @@ func (r *report) statePhase(ctx context.Context, bin, dir string, up *upstreamPr
 	}
 	log.Printf("state: creation write %+.0f µs, first-sight lookup %+.0f µs (p50 differences)", s.creationUS(), s.lookupUS())
 
-	// A, B and C in turn, so that state off (B) and on (C) are measured
-	// against the same rounds of A, under the same machine conditions.
+	// A, B and C (and E) in turn, so that state off (B) and on (C) are
+	// measured against the same rounds of A, under the same machine
+	// conditions.
 	l := base
 	l.perSession = o.perSession
 	l.pids = append(slices.Clone(base.pids), redis.cmd.Process.Pid, c.cmd.Process.Pid, d.cmd.Process.Pid)
 	l.redisAddr = addr
-	rs := r.rounds(ctx, "state", []*caddyProc{targets[0], targets[1], c}, l, o.statePairs)
+	set := []*caddyProc{targets[0], targets[1], c}
+	if o.stateCompare != "" {
+		other, err := filepath.Abs(o.stateCompare)
+		if err != nil {
+			return err
+		}
+		e, err := startCaddyWith(ctx, other, dir, "E", stateDirective(addr), o.profileDir != "", up.addrs)
+		if err != nil {
+			return fmt.Errorf("state phase, -state-compare: %w", err)
+		}
+		defer e.stop()
+		if o.pin {
+			if err := pinProcess(e.cmd.Process.Pid, caddyCPU); err != nil {
+				return fmt.Errorf("pin: %w", err)
+			}
+		}
+		l.pids = append(l.pids, e.cmd.Process.Pid)
+		set = append(set, e)
+		log.Printf("state: E is %s", other)
+	}
+	rs := r.rounds(ctx, "state", set, l, o.statePairs)
 	s.off = pairSeries{a: rs[0], b: rs[1]}
 	s.on = pairSeries{a: rs[0], b: rs[2]}
+	if len(rs) > 3 {
+		s.compare = pairSeries{a: rs[0], b: rs[3]}
+	}
 	offRatio, offSpread := s.off.ratio()
 	onRatio, onSpread := s.on.ratio()
 	log.Printf("state       %d sets: A %.0f req/s, B %.0f req/s, C %.0f req/s; B/A %.3f ±%.3f, C/A %.3f ±%.3f",
@@ -314,6 +339,23 @@ func pidCPUPerRequest(rs []result, pid int) float64 {
 	return us(cpu) / float64(n)
 }
 
+// redisPerSession is what Redis served over the rounds, per session of
+// initialize, initialized, perSession requests and DELETE.
+func redisPerSession(rs []result, perSession int) string {
+	var u redisUse
+	n := 0
+	for _, res := range rs {
+		u.commands += res.redis.commands
+		u.reads += res.redis.reads
+		n += res.requests
+	}
+	if n == 0 || u.reads == 0 {
+		return "n/a"
+	}
+	per := float64(perSession+3) / float64(n)
+	return fmt.Sprintf("%.2f, %.2f", per*float64(u.reads), per*float64(u.commands))
+}
+
 // creationUS is initialize through C minus through B, at the median (µs).
 func (s *stateResult) creationUS() float64 {
 	return us(percentile(s.initC, 0.5) - percentile(s.initB, 0.5))
@@ -357,18 +399,17 @@ func (s *stateResult) rows() [][]string {
 		ca, cc := cpuPerRequest(s.on.a), cpuPerRequest(s.on.b)
 		row("  Caddy CPU per request: A, C (µs)", f1(ca), f1(cc), signed(cc-ca), "")
 		row("  redis-server CPU per request of C (µs)", "", f1(pidCPUPerRequest(s.on.b, s.redisPID)), "", "")
-		var u redisUse
-		n := 0
-		for _, res := range s.on.b {
-			u.commands += res.redis.commands
-			u.reads += res.redis.reads
-			n += res.requests
-		}
-		if n > 0 && u.reads > 0 {
-			// Per session: initialize, initialized, the requests, DELETE.
-			per := float64(s.perSession+3) / float64(n)
-			row("  Redis round trips, commands per session of C", "", fmt.Sprintf("%.2f, %.2f", per*float64(u.reads), per*float64(u.commands)), "", "")
-		}
+		row("  Redis round trips, commands per session of C", "", redisPerSession(s.on.b, s.perSession), "", "")
+	}
+	if len(s.compare.a) > 0 {
+		ratio, spread := s.compare.ratio()
+		row("session throughput, state redis, -state-compare binary: E/A", f0(mean(rpsOf(s.compare.a))), f0(mean(rpsOf(s.compare.b))), fmt.Sprintf("%.3f ±%.3f", ratio, spread), "")
+		ratio, spread = pairSeries{a: s.compare.b, b: s.on.b}.ratio()
+		row("  C vs E: C/E", f0(mean(rpsOf(s.compare.b))), f0(mean(rpsOf(s.on.b))), fmt.Sprintf("%.3f ±%.3f", ratio, spread), "")
+		ce, cc := cpuPerRequest(s.compare.b), cpuPerRequest(s.on.b)
+		row("  Caddy CPU per request: E, C (µs)", f1(ce), f1(cc), signed(cc-ce), "")
+		row("  redis-server CPU per request of E (µs)", "", f1(pidCPUPerRequest(s.compare.b, s.redisPID)), "", "")
+		row("  Redis round trips, commands per session of E", "", redisPerSession(s.compare.b, s.perSession), "", "")
 	}
 	return rows
 }
