@@ -163,17 +163,21 @@ func (r *report) print(w io.Writer, elapsed time.Duration) {
 	tw.Flush()
 
 	var busy []string
+	var state pairSeries
+	if r.state != nil {
+		state = r.state.on // A's and C's rounds
+	}
 	for _, x := range []struct {
 		name string
 		s    pairSeries
-	}{{"session", r.session}, {"session-less", r.sessionless}, {"latency", r.latency}} {
+	}{{"session", r.session}, {"session-less", r.sessionless}, {"latency", r.latency}, {"state", state}} {
 		if len(x.s.a) > 0 {
 			busy = append(busy, fmt.Sprintf("%s %.2f", x.name, foreignCores(x.s)))
 		}
 	}
 	if len(busy) > 0 {
 		fmt.Fprintf(w, "\nother processes' CPU during the measured rounds (cores, mean): %s", strings.Join(busy, ", "))
-		fmt.Fprintf(w, "\npairs left out and run again because other processes used more than %.2f cores: %d; such pairs kept once retries ran out: %d",
+		fmt.Fprintf(w, "\npairs (sets, in the state phase) left out and run again because other processes used more than %.2f cores: %d; such pairs kept once retries ran out: %d",
 			o.maxForeign, r.dropped, r.disturbedKept)
 	}
 	fmt.Fprintf(w, "\nerrors: %d", r.errors)
