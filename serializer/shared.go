@@ -33,14 +33,16 @@ const (
 // this many calls in a row is down, and the next round will try again.
 const touchFailuresToStop = 3
 
-// record queues a write of s's state to the Store, if there is one. The
-// writes of a session go from one goroutine, one at a time and in the
-// order queued, so the store never sees Opened or Forget before the
-// Created and InitializeEnded that came first here; writes queued while
-// another is sent go as the one that does all they do (strongestWrite).
-// Caller holds s.mu.
+// record queues a write of s's state to the Store, if there is one: to a
+// store that queues writes itself, at once (WriteQueue); to any other,
+// from one goroutine per session, one at a time and in the order queued,
+// so the store never sees Opened or Forget before the Created and
+// InitializeEnded that came first here; writes queued while another is
+// sent go as the one that does all they do (strongestWrite). Caller holds
+// s.mu.
 func (s *Session) record(op storeOp) {
-	if s.table.config().Store == nil {
+	cfg := s.table.config()
+	if cfg.Store == nil || s.queueWrite(cfg, op) {
 		return
 	}
 	s.writes = append(s.writes, op)

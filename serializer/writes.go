@@ -12,3 +12,44 @@ func strongestWrite(ops []storeOp) storeOp {
 	}
 	return strongest
 }
+
+// WriteQueue is a Store that takes a session's later writes without
+// blocking: it queues them and sends them within its own bounds. A table
+// without cluster turns hands InitializeEnded, Opened and Forget to it as
+// they happen, under the session's lock, instead of sending them one at a
+// time from a goroutine per session. A session's writes may then land in
+// any order among themselves, never before its Created returned, which the
+// Store's rules make harmless: no write turns an open record back into an
+// initializing one or recreates a missing one, so Opened and Forget end
+// where they would have in order. The store must keep that true for
+// writes that overlap (the redis engine's are atomic scripts). With
+// cluster turns the Store's Opened also tells the other instances, after
+// its write, so the table calls it as any Store's.
+type WriteQueue interface {
+	// QueueInitializeEnded, QueueOpened and QueueForget hand the write
+	// over and return at once, without calling back into the table;
+	// false when the store does not take writes so (the table then sends
+	// it as any Store's).
+	QueueInitializeEnded(id string) bool
+	QueueOpened(id string) bool
+	QueueForget(id string) bool
+}
+
+// queueWrite hands op to a WriteQueue store; false when the store does
+// not take it, or when s has writes on their way from its goroutine,
+// which op must follow. Caller holds s.mu.
+func (s *Session) queueWrite(cfg *Config, op storeOp) bool {
+	q, ok := cfg.Store.(WriteQueue)
+	if !ok || cfg.Turns != nil || s.writing {
+		return false
+	}
+	switch op {
+	case opInitializeEnded:
+		return q.QueueInitializeEnded(s.id)
+	case opOpened:
+		return q.QueueOpened(s.id)
+	case opForget:
+		return q.QueueForget(s.id)
+	}
+	return false
+}

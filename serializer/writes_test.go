@@ -3,6 +3,7 @@ package serializer
 import (
 	"context"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -63,6 +64,108 @@ func TestWritesQueuedWhileOneIsSentGoAsOne(t *testing.T) {
 		t.Fatalf("store got %q, want %q", got, want)
 	}
 	if _, found := store.record("s"); found {
+		t.Fatal("the record outlived the session")
+	}
+}
+
+// queueingStore is a fakeStore that also takes writes without blocking
+// (WriteQueue): it logs them, or, with refuse set, declines them.
+type queueingStore struct {
+	*fakeStore
+	refuse bool
+	qmu    sync.Mutex
+	queued []string // "op id"
+}
+
+func (q *queueingStore) take(op, id string) bool {
+	if q.refuse {
+		return false
+	}
+	q.qmu.Lock()
+	defer q.qmu.Unlock()
+	q.queued = append(q.queued, op+" "+id)
+	return true
+}
+
+func (q *queueingStore) QueueInitializeEnded(id string) bool { return q.take("InitializeEnded", id) }
+func (q *queueingStore) QueueOpened(id string) bool          { return q.take("Opened", id) }
+func (q *queueingStore) QueueForget(id string) bool          { return q.take("Forget", id) }
+
+func (q *queueingStore) queuedLog() []string {
+	q.qmu.Lock()
+	defer q.qmu.Unlock()
+	return slices.Clone(q.queued)
+}
+
+// runSession opens and ends session id on tab: initialize, initialized,
+// DELETE.
+func runSession(t *testing.T, tab *Table, id string) {
+	t.Helper()
+	initialize, ok := tab.Begin(id, nil)
+	if !ok {
+		t.Fatal("Begin refused a new id")
+	}
+	initialize.Done(200)
+	for _, traits := range []Traits{CarriesInitialized, EndsSession} {
+		turn, err := tab.Acquire(context.Background(), id, traits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		turn.Done(200)
+	}
+}
+
+// A store that queues writes itself gets each one as it happens, with no
+// goroutine between: by the time the exchange's Done returns.
+func TestWritesGoToAQueueingStoreAsTheyHappen(t *testing.T) {
+	store := &queueingStore{fakeStore: newFakeStore()}
+	tab, _ := newTestTable(t, func(c *Config) { c.Store = store })
+	runSession(t, tab, "s")
+	if got, want := store.queuedLog(), []string{"InitializeEnded s", "Opened s", "Forget s"}; !slices.Equal(got, want) {
+		t.Fatalf("queued %q, want %q", got, want)
+	}
+	if got := store.writeLog(); !slices.Equal(got, []string{"Created s"}) {
+		t.Fatalf("the store's own methods got %q, want Created alone", got)
+	}
+}
+
+// A store that declines gets the writes through its methods, as any.
+func TestWritesAStoreDeclinesToQueueGoThroughItsMethods(t *testing.T) {
+	store := &queueingStore{fakeStore: newFakeStore(), refuse: true}
+	tab, _ := newTestTable(t, func(c *Config) { c.Store = store })
+	runSession(t, tab, "s")
+	eventually(t, func() bool {
+		log := store.writeLog()
+		return len(log) > 0 && log[len(log)-1] == "Forget s"
+	})
+	if _, found := store.record("s"); found {
+		t.Fatal("the record outlived the session")
+	}
+}
+
+// queueingTurns is a queueing store with cluster turns.
+type queueingTurns struct {
+	*memTurns
+	q *queueingStore
+}
+
+func (t *queueingTurns) QueueInitializeEnded(id string) bool { return t.q.QueueInitializeEnded(id) }
+func (t *queueingTurns) QueueOpened(id string) bool          { return t.q.QueueOpened(id) }
+func (t *queueingTurns) QueueForget(id string) bool          { return t.q.QueueForget(id) }
+
+// With cluster turns a Store's Opened may do more than write (tell the
+// other instances): the writes go through its methods.
+func TestWritesWithClusterTurnsGoThroughTheStoresMethods(t *testing.T) {
+	clock := newFakeClock()
+	turns := newMemTurns(clock, false)
+	store := &queueingTurns{memTurns: turns, q: &queueingStore{fakeStore: turns.fakeStore}}
+	tab, _ := newTestTable(t, func(c *Config) { c.Store, c.Turns = store, store })
+	runSession(t, tab, "s")
+	eventually(t, func() bool { return store.memTurns.count("Forget") == 1 })
+	if got := store.q.queuedLog(); len(got) != 0 {
+		t.Fatalf("queued %q with cluster turns", got)
+	}
+	if _, found := store.memTurns.record("s"); found {
 		t.Fatal("the record outlived the session")
 	}
 }
