@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
 // batchEngine is a StateEngine that sends several writes in one exchange
@@ -14,7 +16,9 @@ import (
 // such an engine the adapter gathers the writes that calls make while an
 // exchange is in flight into the next one: a busy instance then pays one
 // round trip, and one wake-up of Redis, for the records of many sessions
-// instead of one per write.
+// instead of one per write. It also takes a session's later writes from
+// the table without anyone waiting (serializer.WriteQueue): no goroutine
+// per session then waits on them.
 type batchEngine interface {
 	// Writes sends ws in their order and sets each one's err. It honours
 	// ctx.
@@ -29,8 +33,9 @@ type stateWrite struct {
 	err      error     // the engine's answer
 
 	state atomic.Uint32 // writeQueued, then writeSent or writeAbandoned
-	done  chan struct{} // closed once the engine answered, or the write was left out
+	done  chan struct{} // closed once the engine answered, or the write was left out; nil: nobody waits
 	after func()        // nil, or run at that moment
+	id    string        // with no waiter: the session, for the failure's log line
 }
 
 const (
@@ -85,19 +90,7 @@ func (s *sharedState) write(ctx context.Context, id string, w *stateWrite) error
 		return errStateBusy
 	}
 	w.done = make(chan struct{})
-	q := &s.writes
-	q.mu.Lock()
-	q.queued = append(q.queued, w)
-	if busy := q.senders - q.idle; busy == 0 || (w.op == opCreated && busy < maxWriteBatches) {
-		if q.idle > 0 {
-			q.idle--
-			q.wake <- struct{}{} // never blocks: at most one token per sender
-		} else {
-			q.senders++
-			go s.sendBatches()
-		}
-	}
-	q.mu.Unlock()
+	s.enqueue(w)
 
 	// A timer rather than a context derived from ctx: cheaper, and this
 	// runs for every write.
@@ -118,6 +111,76 @@ func (s *sharedState) write(ctx context.Context, id string, w *stateWrite) error
 		s.failed(w.op, id, err)
 	}
 	return err
+}
+
+// enqueue queues w, which holds a slot, and sees that a sender will take
+// it: an idle one woken, or a new one, unless one is busy already (then
+// w waits for its next batch), or for a Created, two.
+func (s *sharedState) enqueue(w *stateWrite) {
+	q := &s.writes
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.queued = append(q.queued, w)
+	if busy := q.senders - q.idle; busy == 0 || (w.op == opCreated && busy < maxWriteBatches) {
+		if q.idle > 0 {
+			q.idle--
+			q.wake <- struct{}{} // never blocks: at most one token per sender
+		} else {
+			q.senders++
+			go s.sendBatches()
+		}
+	}
+}
+
+// queue sends w through the engine's batches with nobody waiting for
+// it: the serializer.WriteQueue writes. A failure is counted and logged
+// when the engine answers; with no slot free, at once, and w is dropped.
+// False, without w, when the engine takes no batches.
+func (s *sharedState) queue(id string, w *stateWrite) bool {
+	if s.batch == nil {
+		return false
+	}
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		if w.after != nil {
+			w.after()
+		}
+		s.failed(w.op, id, errStateBusy)
+		return true
+	}
+	w.id = id
+	s.enqueue(w)
+	return true
+}
+
+// QueueInitializeEnded is InitializeEnded with nobody waiting
+// (serializer.WriteQueue).
+func (s *sharedState) QueueInitializeEnded(id string) bool {
+	return s.queue(id, &stateWrite{op: opInitializeEnded, key: serializer.StoreKey(id)})
+}
+
+// QueueOpened is Opened with nobody waiting.
+func (s *sharedState) QueueOpened(id string) bool {
+	return s.queue(id, &stateWrite{op: opOpened, key: serializer.StoreKey(id)})
+}
+
+// QueueForget is Forget with nobody waiting, "not found" remembered as
+// Forget does once the record is gone.
+func (s *sharedState) QueueForget(id string) bool {
+	if s.batch == nil {
+		return false
+	}
+	key := serializer.StoreKey(id)
+	s.notFound.drop(key)
+	version := s.notFound.version(key)
+	w := &stateWrite{op: opForget, key: key}
+	w.after = func() {
+		if w.err == nil {
+			s.notFound.add(key, version, s.now())
+		}
+	}
+	return s.queue(id, w)
 }
 
 // gaveUp: w's caller stops waiting, for cause; w is not sent if it was
@@ -212,11 +275,20 @@ func (s *sharedState) awaitWrites(linger *time.Timer) bool {
 	}
 }
 
-// answered ends w: its slot freed, its caller woken.
+// answered ends w: its slot freed, its caller woken, or, with none, its
+// failure counted.
 func (s *sharedState) answered(w *stateWrite) {
 	if w.after != nil {
 		w.after()
 	}
 	<-s.slots
+	if w.done == nil {
+		if w.err != nil {
+			s.failed(w.op, w.id, w.err)
+		}
+		return
+	}
 	close(w.done)
 }
+
+var _ serializer.WriteQueue = (*sharedState)(nil)

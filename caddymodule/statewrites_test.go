@@ -319,3 +319,116 @@ func TestRedisWritesOfOneBatchApplyInTheirOrder(t *testing.T) {
 		t.Fatalf("EXISTS = %d, %v", n, err)
 	}
 }
+
+// The serializer.WriteQueue writes return at once and go in the next
+// batch; a queued Forget leaves "not found" remembered as Forget does.
+func TestAdapterQueuedWritesGoInTheNextBatchWithNobodyWaiting(t *testing.T) {
+	eng := newBatchingEngine(10 * time.Second)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	errs := make(chan error, 1)
+
+	go func() { errs <- store.Opened(ctx, "a") }()
+	eng.awaitBatch(t)
+	for _, queue := range []func(string) bool{store.QueueInitializeEnded, store.QueueOpened, store.QueueForget} {
+		if !queue("b") {
+			t.Fatal("a batching adapter declined a queued write")
+		}
+	}
+	if n := queued(store); n != 3 {
+		t.Fatalf("%d writes queued, want 3", n)
+	}
+	close(eng.holdFirst)
+	if err := awaitAll(t, errs, 1)[0]; err != nil {
+		t.Fatal(err)
+	}
+	eng.awaitBatch(t)
+	k := serializer.StoreKey("b")
+	if got := eng.sent(); len(got) != 2 || !slices.Equal(got[1], []string{"initialize_ended " + k, "opened " + k, "forget " + k}) {
+		t.Fatalf("batches %q, want the three queued writes together in the second", got)
+	}
+	eventuallyTrue(t, "the slots back", func() bool { return len(store.slots) == 0 })
+	lookups := eng.lookups.Load()
+	if _, found, err := store.Lookup(ctx, "b"); err != nil || found {
+		t.Fatalf("Lookup = %v, %v", found, err)
+	}
+	if eng.lookups.Load() != lookups {
+		t.Fatal("a lookup right after the queued Forget reached the engine")
+	}
+}
+
+// failingBatchEngine fails every write of its batches.
+type failingBatchEngine struct{ *fakeEngine }
+
+func (failingBatchEngine) CallTimeout() time.Duration { return 10 * time.Second }
+func (failingBatchEngine) Writes(_ context.Context, ws []*stateWrite, _ time.Duration) {
+	for _, w := range ws {
+		w.err = errors.New("engine down")
+	}
+}
+
+func TestAdapterCountsAQueuedWriteThatFails(t *testing.T) {
+	store := newSharedState(failingBatchEngine{newFakeEngine()}, time.Hour, zap.NewNop())
+	counter := metrics.stateErrors.WithLabelValues("opened")
+	before := testutil.ToFloat64(counter)
+	if !store.QueueOpened("s") {
+		t.Fatal("declined")
+	}
+	eventuallyTrue(t, "the failure counted", func() bool { return testutil.ToFloat64(counter) == before+1 })
+	eventuallyTrue(t, "the slot back", func() bool { return len(store.slots) == 0 })
+}
+
+// An engine that takes no batches (Caddy storage) gets its writes one at
+// a time, in order, from the serializer's goroutine: nothing is queued.
+func TestAdapterQueuesNothingForAnEngineWithoutBatches(t *testing.T) {
+	store := newSharedState(newFakeEngine(), time.Hour, zap.NewNop())
+	for name, queue := range map[string]func(string) bool{
+		"InitializeEnded": store.QueueInitializeEnded, "Opened": store.QueueOpened, "Forget": store.QueueForget,
+	} {
+		if queue("s") {
+			t.Fatalf("Queue%s took a write for an engine without batches", name)
+		}
+	}
+	if n := len(store.slots); n != 0 {
+		t.Fatalf("%d slots taken", n)
+	}
+}
+
+// Through a table on a real redis-server, a session's later writes go by
+// the queue (no goroutine of the table's waits on them) and reach the
+// record: open once initialized is acknowledged, gone after DELETE.
+func TestRedisRecordFollowsASessionThroughQueuedWrites(t *testing.T) {
+	addr := startRedis(t)
+	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}}).(*RedisState)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	cfg := serializer.Defaults()
+	cfg.Store = store
+	table := serializer.NewTable(cfg)
+	defer table.Close()
+	ctx := context.Background()
+	lookup := func() (serializer.Record, bool) {
+		rec, found, err := eng.Lookup(ctx, serializer.StoreKey("s"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec, found
+	}
+
+	initialize, _ := table.Begin("s", nil)
+	if rec, found := lookup(); !found || rec.Open || !rec.InitializeInFlight {
+		t.Fatalf("after Begin: %+v, %v; want initializing, in flight", rec, found)
+	}
+	initialize.Done(200)
+	turn, err := table.Acquire(ctx, "s", serializer.CarriesInitialized)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn.Done(202)
+	eventuallyTrue(t, "the record open", func() bool { rec, found := lookup(); return found && rec.Open })
+	turn, err = table.Acquire(ctx, "s", serializer.EndsSession)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn.Done(200)
+	eventuallyTrue(t, "the record gone", func() bool { _, found := lookup(); return !found })
+}
