@@ -27,6 +27,7 @@ var metrics = struct {
 	evictedOpen prometheus.Counter // evictions{gate="open"}
 	evictedInit prometheus.Counter // evictions{gate="initializing"}
 	stateErrors *prometheus.CounterVec
+	turnsLost   prometheus.Counter
 }{}
 
 func init() {
@@ -68,6 +69,10 @@ func init() {
 		Namespace: ns, Subsystem: sub, Name: "state_errors_total",
 		Help: "Calls to the shared session state engine that failed or timed out, by operation.",
 	}, []string{"op"})
+	metrics.turnsLost = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "turns_lost_total",
+		Help: "Exchanges stopped before their end because their cluster turn could not be renewed in time, or went to another instance (order cluster).",
+	})
 }
 
 func registerMetrics(registry *prometheus.Registry) {
@@ -76,7 +81,7 @@ func registerMetrics(registry *prometheus.Registry) {
 	}
 	for _, c := range []prometheus.Collector{
 		metrics.sessions, metrics.queueWait, metrics.gateHolds, metrics.gateTimeout,
-		metrics.rejections, metrics.bypasses, metrics.evictions, metrics.stateErrors,
+		metrics.rejections, metrics.bypasses, metrics.evictions, metrics.stateErrors, metrics.turnsLost,
 	} {
 		if err := registry.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -103,11 +108,12 @@ type events struct {
 	// gateWarns spaces the gate-timeout WARNs: every client that never
 	// sends initialized causes one. nil logs each.
 	gateWarns *warnLimiter
+	turnWarns *warnLimiter     // the same for lost turns
 	now       func() time.Time // nil: time.Now
 }
 
 func newEvents(logger *zap.Logger) events {
-	return events{logger: logger, gateWarns: new(warnLimiter)}
+	return events{logger: logger, gateWarns: new(warnLimiter), turnWarns: new(warnLimiter)}
 }
 
 func (events) Waited(d time.Duration) { metrics.queueWait.Observe(d.Seconds()) }
@@ -118,20 +124,33 @@ func (events) Held() { metrics.gateHolds.Inc() }
 // stateWarnInterval, naming how many it held back since the last.
 func (e events) GateTimedOut(id string, action serializer.TimeoutAction) {
 	metrics.gateTimeout.WithLabelValues(action.String()).Inc()
-	suppressed := 0
-	if e.gateWarns != nil {
-		now := time.Now
-		if e.now != nil {
-			now = e.now
-		}
-		var ok bool
-		if ok, suppressed = e.gateWarns.allow(now()); !ok {
-			return
-		}
+	if ok, suppressed := e.allow(e.gateWarns); ok {
+		e.logger.Warn("notifications/initialized not acknowledged within init_timeout",
+			zap.String("session", sessionHash(id)), zap.Stringer("action", action),
+			zap.Int("suppressed", suppressed))
 	}
-	e.logger.Warn("notifications/initialized not acknowledged within init_timeout",
-		zap.String("session", sessionHash(id)), zap.Stringer("action", action),
-		zap.Int("suppressed", suppressed))
+}
+
+// TurnLost counts every exchange stopped for its cluster turn and logs as
+// GateTimedOut does.
+func (e events) TurnLost(id string) {
+	metrics.turnsLost.Inc()
+	if ok, suppressed := e.allow(e.turnWarns); ok {
+		e.logger.Warn("exchange stopped: its cluster turn could not be renewed in time, or went to another instance",
+			zap.String("session", sessionHash(id)), zap.Int("suppressed", suppressed))
+	}
+}
+
+// allow asks limit whether a WARN may go out now; a nil limit lets each.
+func (e events) allow(limit *warnLimiter) (ok bool, suppressed int) {
+	if limit == nil {
+		return true, 0
+	}
+	now := time.Now
+	if e.now != nil {
+		now = e.now
+	}
+	return limit.allow(now())
 }
 
 func (events) Evicted(gated bool) {

@@ -77,7 +77,8 @@ type Handler struct {
 	// Where a session's order is kept: local (on each instance: one
 	// instance, or a front that sends all of a session's requests to one)
 	// or cluster (across instances, on the state engine: any front, round
-	// robin included; needs state redis). Default: local.
+	// robin included; needs state redis). Default: cluster with state
+	// redis, else local.
 	Order string `json:"order,omitempty"`
 	// Queues session-less requests (MCP 2026-07-28 has no sessions) by
 	// this placeholder's value, e.g. {http.request.header.Mcp-Param-Cart}:
@@ -137,18 +138,34 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		shared := newSharedState(engine, cfg.SessionTTL, h.logger)
 		cfg.Store = shared
 		cfg.StoreTimeout = engine.CallTimeout()
+		turns, canOrder := engine.(TurnEngine)
+		if h.Order == "" {
+			// Safe behind any front, and free behind one that keeps a
+			// session on one instance: the turn stays where its requests go.
+			h.Order = orderLocal
+			if canOrder {
+				h.Order = orderCluster
+			}
+		}
 		if h.Order == orderCluster {
-			turns, ok := engine.(TurnEngine)
-			if !ok {
+			if !canOrder {
 				return fmt.Errorf("order cluster: the %s state engine cannot order requests across instances; "+
 					"use state redis, or a front that sends each session to one instance (a hash of Mcp-Session-Id) with order local",
 					mod.(caddy.Module).CaddyModule().ID.Name())
+			}
+			if cfg.StoreTimeout > serializer.MaxTurnStoreTimeout {
+				return fmt.Errorf("state: timeout must be at most %s with order cluster (the default with state redis), got %s: "+
+					"the instance holding a session's turn must be able to renew its %s lease twice before it stops the exchange",
+					serializer.MaxTurnStoreTimeout, cfg.StoreTimeout, serializer.TurnLease)
 			}
 			cluster := newClusterState(shared, turns)
 			cfg.Store, cfg.Turns = cluster, cluster
 		}
 	} else if h.Order == orderCluster {
 		return fmt.Errorf("order cluster needs shared state (state redis): the instances keep each session's turn there")
+	}
+	if h.Order == "" {
+		h.Order = orderLocal
 	}
 
 	h.settings, h.generation = cfg, provisions.Add(1)
@@ -237,9 +254,7 @@ func (h *Handler) config() (serializer.Config, error) {
 	}
 	h.budget = &bodyBudget{limit: h.MaxBuffered}
 	switch h.Order {
-	case "":
-		h.Order = orderLocal
-	case orderLocal, orderCluster:
+	case "", orderLocal, orderCluster: // "": set once the state engine is known
 	default:
 		return cfg, fmt.Errorf("order: unknown value %q (want local or cluster)", h.Order)
 	}

@@ -174,6 +174,15 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	ew.turn = turn
 	// Deferred so that a panic downstream still frees the slot.
 	defer func() { ew.turn.Done(ew.status) }()
+	if turn.Clustered() {
+		// Stopped upstream if the cluster turn may lapse before it ends:
+		// another instance may then start the session's next exchange.
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		turn.StopOnLapse(cancel)
+		r = r.WithContext(ctx)
+		ew.r = r
+	}
 	err = next.ServeHTTP(ew, r)
 	ew.settleStatus(err)
 	return err

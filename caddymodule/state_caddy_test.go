@@ -168,10 +168,15 @@ func twoTables(t *testing.T, state, upstream string) (a, b, root string) {
 // each engine: its follow-up waits for notifications/initialized.
 func TestSessionCreatedBehindOneTableIsGatedBehindAnother(t *testing.T) {
 	redisAddr := caddymodule.StartRedis(t)
-	// A generous timeout: on a busy machine the first call, which
-	// dials, must not fall back to local behaviour.
+	// Generous timeouts (the longest order cluster, redis' default,
+	// allows): on a busy machine the first call, which dials, must not
+	// fall back to local behaviour.
 	for _, engine := range []string{"redis " + redisAddr, "storage"} {
-		state := "state " + engine + " {\n\t\t\ttimeout 5s\n\t\t}"
+		timeout := "1s"
+		if engine == "storage" {
+			timeout = "5s"
+		}
+		state := "state " + engine + " {\n\t\t\ttimeout " + timeout + "\n\t\t}"
 		t.Run(engine, func(t *testing.T) {
 			up, upstream := sessionUpstream(t)
 			a, b, root := twoTables(t, state, upstream)

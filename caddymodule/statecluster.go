@@ -20,13 +20,14 @@ const (
 // storage has no atomic update to keep a ticket line with.
 type TurnEngine interface {
 	StateEngine
-	TakeTicket(ctx context.Context, key string, lease, claim time.Duration) (int64, serializer.TicketState, error)
-	ClaimTicket(ctx context.Context, key string, ticket int64, lease, claim time.Duration) (serializer.TicketState, error)
-	RenewTicket(ctx context.Context, key string, ticket int64, lease time.Duration) (bool, error)
-	ReleaseTicket(ctx context.Context, key string, ticket int64, claim time.Duration) error
+	TakeTurn(ctx context.Context, key, token string, lease, claim time.Duration) (serializer.TurnState, bool, error)
+	ClaimTurn(ctx context.Context, key, token string, lease, claim time.Duration, nudge bool) (serializer.TurnState, bool, error)
+	RenewTurn(ctx context.Context, key, token string, lease time.Duration) (held, wanted bool, err error)
+	ReleaseTurn(ctx context.Context, key, token string, claim time.Duration) error
 	// Announce tells every instance's Watch that key's record changed.
 	Announce(ctx context.Context, key string) error
-	Watch(changed func(key string)) (stop func())
+	Watch(changed func(key, asker string)) (stop func())
+	Announcing() bool
 }
 
 // clusterState is the table's Store and TurnStore with `order cluster`:
@@ -54,42 +55,50 @@ func (c *clusterState) Opened(ctx context.Context, id string) error {
 	return err
 }
 
-type takeResult struct {
-	ticket int64
-	state  serializer.TicketState
+// turnAnswers is what a take or a claim answers, through bounded.
+type turnAnswers struct {
+	state  serializer.TurnState
+	wanted bool
 }
 
-func (c *clusterState) TakeTicket(ctx context.Context, id string, lease, claim time.Duration) (int64, serializer.TicketState, error) {
-	res, err := bounded(c.sharedState, ctx, opTake, id, serializer.StoreKey(id), func(ctx context.Context, key string) (takeResult, error) {
-		ticket, state, err := c.turns.TakeTicket(ctx, key, lease, claim)
-		return takeResult{ticket, state}, err
+func (c *clusterState) TakeTurn(ctx context.Context, id, token string, lease, claim time.Duration) (serializer.TurnState, bool, error) {
+	res, err := bounded(c.sharedState, ctx, opTake, id, serializer.StoreKey(id), func(ctx context.Context, key string) (turnAnswers, error) {
+		state, wanted, err := c.turns.TakeTurn(ctx, key, token, lease, claim)
+		return turnAnswers{state, wanted}, err
 	})
-	return res.ticket, res.state, err
+	return res.state, res.wanted, err
 }
 
-func (c *clusterState) ClaimTicket(ctx context.Context, id string, ticket int64, lease, claim time.Duration) (serializer.TicketState, error) {
-	return bounded(c.sharedState, ctx, opClaim, id, serializer.StoreKey(id), func(ctx context.Context, key string) (serializer.TicketState, error) {
-		return c.turns.ClaimTicket(ctx, key, ticket, lease, claim)
+func (c *clusterState) ClaimTurn(ctx context.Context, id, token string, lease, claim time.Duration, nudge bool) (serializer.TurnState, bool, error) {
+	res, err := bounded(c.sharedState, ctx, opClaim, id, serializer.StoreKey(id), func(ctx context.Context, key string) (turnAnswers, error) {
+		state, wanted, err := c.turns.ClaimTurn(ctx, key, token, lease, claim, nudge)
+		return turnAnswers{state, wanted}, err
 	})
+	return res.state, res.wanted, err
 }
 
-func (c *clusterState) RenewTicket(ctx context.Context, id string, ticket int64, lease time.Duration) (bool, error) {
-	return bounded(c.sharedState, ctx, opRenew, id, serializer.StoreKey(id), func(ctx context.Context, key string) (bool, error) {
-		return c.turns.RenewTicket(ctx, key, ticket, lease)
+func (c *clusterState) RenewTurn(ctx context.Context, id, token string, lease time.Duration) (held, wanted bool, err error) {
+	res, err := bounded(c.sharedState, ctx, opRenew, id, serializer.StoreKey(id), func(ctx context.Context, key string) ([2]bool, error) {
+		held, wanted, err := c.turns.RenewTurn(ctx, key, token, lease)
+		return [2]bool{held, wanted}, err
 	})
+	return res[0], res[1], err
 }
 
-func (c *clusterState) ReleaseTicket(ctx context.Context, id string, ticket int64, claim time.Duration) error {
+func (c *clusterState) ReleaseTurn(ctx context.Context, id, token string, claim time.Duration) error {
 	_, err := bounded(c.sharedState, ctx, opRelease, id, serializer.StoreKey(id), func(ctx context.Context, key string) (struct{}, error) {
-		return struct{}{}, c.turns.ReleaseTicket(ctx, key, ticket, claim)
+		return struct{}{}, c.turns.ReleaseTurn(ctx, key, token, claim)
 	})
 	return err
 }
 
 // Watch passes the engine's announcements on.
-func (c *clusterState) Watch(changed func(key string)) (stop func()) {
+func (c *clusterState) Watch(changed func(key, asker string)) (stop func()) {
 	return c.turns.Watch(changed)
 }
+
+// Announcing reports whether the engine's announcements work.
+func (c *clusterState) Announcing() bool { return c.turns.Announcing() }
 
 var (
 	_ serializer.TurnStore = (*clusterState)(nil)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,144 +13,177 @@ import (
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
-// The Redis script keeps a session's ticket line exactly as
-// serializer.TicketLine does: the same answers to a long random run of
-// takes, claims, renewals and releases, with leases and claim windows
-// running out along the way.
-func TestRedisTicketLineFollowsTheSerializersRules(t *testing.T) {
+// The Redis script keeps a session's turn line exactly as
+// serializer.TurnLine does: the same answers and the same line after a
+// long random run of asks, claims, renewals and releases by a few tokens,
+// with leases and claim windows running out along the way, and a line
+// lost now and then.
+func TestRedisTurnLineFollowsTheSerializersRules(t *testing.T) {
 	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{startRedis(t)}}).(*RedisState)
 	ctx := context.Background()
 	const lease, claim = 500 * time.Millisecond, 100 * time.Millisecond
+	tokens := []string{"a.1", "a.2", "b.1", "b.2", "c.1"}
 	for seed := range uint64(5) {
 		rng := rand.New(rand.NewPCG(seed, 42))
 		key := fmt.Sprintf("line-%d", seed)
-		var line serializer.TicketLine
+		var line serializer.TurnLine
 		now := time.UnixMilli(1_700_000_000_000)
-		var tickets []int64
-		pick := func() int64 {
-			if len(tickets) == 0 || rng.IntN(10) == 0 {
-				return rng.Int64N(20) // unknown or stale tickets too
-			}
-			return tickets[rng.IntN(len(tickets))]
-		}
 		for step := range 400 {
 			now = now.Add(time.Duration(rng.IntN(150)) * time.Millisecond)
+			token := tokens[rng.IntN(len(tokens))]
 			var want, got string
-			switch op := rng.IntN(4); op {
-			case 0:
-				n, st := line.Take(now, lease, claim)
-				tickets = append(tickets, n)
-				rn, rst, err := eng.takeAt(ctx, key, lease, claim, now)
+			switch op := rng.IntN(9); op {
+			case 0, 1:
+				st, wanted := line.Take(token, now, lease, claim)
+				rst, rwanted, err := eng.takeAt(ctx, key, token, lease, claim, now)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, got = fmt.Sprint("take ", n, st), fmt.Sprint("take ", rn, rst)
-			case 1:
-				ticket := pick()
-				st := line.Claim(ticket, now, lease, claim)
-				rst, err := eng.claimAt(ctx, key, ticket, lease, claim, now)
+				want, got = fmt.Sprint("take ", token, st, wanted), fmt.Sprint("take ", token, rst, rwanted)
+			case 2, 3:
+				st, wanted := line.Claim(token, now, lease, claim)
+				rst, rwanted, err := eng.claimAt(ctx, key, token, lease, claim, rng.IntN(2) == 0, now)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, got = fmt.Sprint("claim ", ticket, st), fmt.Sprint("claim ", ticket, rst)
-			case 2:
-				ticket := pick()
-				ok := line.Renew(ticket, now, lease)
-				rok, err := eng.renewAt(ctx, key, ticket, lease, now)
+				want, got = fmt.Sprint("claim ", token, st, wanted), fmt.Sprint("claim ", token, rst, rwanted)
+			case 4, 5:
+				held, wanted := line.Renew(token, now, lease)
+				rheld, rwanted, err := eng.renewAt(ctx, key, token, lease, now)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, got = fmt.Sprint("renew ", ticket, ok), fmt.Sprint("renew ", ticket, rok)
-			case 3:
-				ticket := pick()
-				on := line.Release(ticket, now, claim)
-				ron, err := eng.releaseAt(ctx, key, ticket, claim, now)
+				want, got = fmt.Sprint("renew ", token, held, wanted), fmt.Sprint("renew ", token, rheld, rwanted)
+			case 6, 7:
+				on := line.Release(token, now, claim)
+				ron, err := eng.releaseAt(ctx, key, token, claim, now)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, got = fmt.Sprint("release ", ticket, on), fmt.Sprint("release ", ticket, ron)
+				want, got = fmt.Sprint("release ", token, on), fmt.Sprint("release ", token, ron)
+			case 8:
+				if rng.IntN(4) == 0 { // the engine lost the line
+					line = serializer.TurnLine{}
+					if err := eng.client.Del(ctx, eng.KeyPrefix+key+":turn").Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				continue
 			}
 			if want != got {
 				t.Fatalf("seed %d step %d: redis %q, serializer %q (line %+v)", seed, step, got, want, line)
 			}
+			f, err := eng.client.HMGet(ctx, eng.KeyPrefix+key+":turn", "holder", "waiting").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h, w := fmt.Sprint(f[0]), fmt.Sprint(f[1]); h != line.Holder || w != strings.Join(line.Waiting, " ") {
+				t.Fatalf("seed %d step %d: redis line holder %q waiting %q, serializer %+v", seed, step, h, w, line)
+			}
 		}
 	}
 }
 
-func TestRedisAnnouncesHandOnsAndOpenedGates(t *testing.T) {
+func TestRedisAnnouncesAsksHandOnsAndOpenedGates(t *testing.T) {
 	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{startRedis(t)}}).(*RedisState)
-	heard := make(chan string, 4)
-	stop := eng.Watch(func(key string) { heard <- key })
+	type heardMsg struct{ key, asker string }
+	heard := make(chan heardMsg, 8)
+	stop := eng.Watch(func(key, asker string) { heard <- heardMsg{key, asker} })
 	defer stop()
 	ctx := context.Background()
-	expect := func(want string) {
+	expect := func(want heardMsg) {
 		t.Helper()
 		select {
-		case key := <-heard:
-			if key != want {
-				t.Fatalf("announced %q, want %q", key, want)
+		case m := <-heard:
+			if m != want {
+				t.Fatalf("announced %+v, want %+v", m, want)
 			}
 		case <-time.After(5 * time.Second):
-			t.Fatalf("nothing announced for %q", want)
+			t.Fatalf("nothing announced, want %+v", want)
 		}
 	}
-	// The subscription may still be starting: announce until it is heard.
-	deadline := time.Now().Add(5 * time.Second)
-	for len(heard) == 0 && time.Now().Before(deadline) {
-		if err := eng.Announce(ctx, "ready"); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	for len(heard) > 0 {
-		<-heard
-	}
-	first, _, _ := eng.TakeTicket(ctx, "k", time.Second, time.Second)
-	second, st, _ := eng.TakeTicket(ctx, "k", time.Second, time.Second)
-	if st != serializer.TicketWaiting {
-		t.Fatalf("second ticket %d: %v, want waiting", second, st)
-	}
-	if err := eng.ReleaseTicket(ctx, "k", first, time.Second); err != nil {
+	eventuallyTrue(t, "the subscription is confirmed", eng.Announcing)
+	if _, _, err := eng.TakeTurn(ctx, "k", "first", time.Second, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	expect("k")
-	if err := eng.ReleaseTicket(ctx, "k", second, time.Second); err != nil {
+	if st, _, _ := eng.TakeTurn(ctx, "k", "second", time.Second, time.Second); st != serializer.TurnWaiting {
+		t.Fatalf("second ask: %v, want waiting", st)
+	}
+	expect(heardMsg{"k", "second"})
+	if err := eng.ReleaseTurn(ctx, "k", "first", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	expect(heardMsg{"k", ""})
+	if err := eng.Announce(ctx, "opened"); err != nil {
+		t.Fatal(err)
+	}
+	expect(heardMsg{"opened", ""})
+	if err := eng.ReleaseTurn(ctx, "k", "second", time.Second); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case key := <-heard:
-		t.Fatalf("announced %q for a hand-on nobody waits for", key)
+	case m := <-heard:
+		t.Fatalf("announced %+v for a hand-on nobody waits for", m)
 	case <-time.After(50 * time.Millisecond):
 	}
 }
 
-// What order cluster costs a request on an idle session: its ticket taken
-// and handed on (two Redis round trips on loopback), against order local
-// (no engine call), on one table.
+// What order cluster costs a request on an idle session, against order
+// local (no engine call): on the instance that holds the session's turn
+// (a sticky front: no engine call either), and alternating between two
+// instances (round robin: each request asks and the other hands on).
 func BenchmarkSessionRequestOnRedis(b *testing.B) {
 	eng := loadEngine(b, nil, "redis", map[string]any{"address": []string{startRedis(b)}}).(*RedisState)
-	for _, order := range []string{orderLocal, orderCluster} {
-		b.Run("order="+order, func(b *testing.B) {
-			shared := newSharedState(eng, time.Hour, zap.NewNop())
-			cfg := serializer.Defaults()
-			cfg.Store, cfg.StoreTimeout = shared, time.Second
-			if order == orderCluster {
-				cluster := newClusterState(shared, eng)
-				cfg.Store, cfg.Turns = cluster, cluster
+	newTable := func(b *testing.B, order string) *serializer.Table {
+		shared := newSharedState(eng, time.Hour, zap.NewNop())
+		cfg := serializer.Defaults()
+		cfg.Store, cfg.StoreTimeout = shared, time.Second
+		if order == orderCluster {
+			cluster := newClusterState(shared, eng)
+			cfg.Store, cfg.Turns = cluster, cluster
+		}
+		tab := serializer.NewTable(cfg)
+		b.Cleanup(tab.Close)
+		return tab
+	}
+	for _, bench := range []struct {
+		name      string
+		order     string
+		instances int
+	}{
+		{"order=local", orderLocal, 1},
+		{"order=cluster/sticky", orderCluster, 1},
+		{"order=cluster/round_robin", orderCluster, 2},
+	} {
+		b.Run(bench.name, func(b *testing.B) {
+			var tabs []*serializer.Table
+			for range bench.instances {
+				tabs = append(tabs, newTable(b, bench.order))
 			}
-			tab := serializer.NewTable(cfg)
-			defer tab.Close()
+			if bench.order == orderCluster {
+				eventuallyTrueB(b, eng.Announcing)
+			}
 			ctx := context.Background()
-			turn, _ := tab.Acquire(ctx, "bench-"+order, 0) // the first sight's lookup
-			turn.Done(200)
+			id := "bench-" + bench.name
+			for _, tab := range tabs {
+				turn, _ := tab.Acquire(ctx, id, 0) // the first sight's lookup
+				turn.Done(200)
+			}
 			b.ResetTimer()
-			for range b.N {
-				turn, err := tab.Acquire(ctx, "bench-"+order, 0)
+			for i := range b.N {
+				turn, err := tabs[i%len(tabs)].Acquire(ctx, id, 0)
 				if err != nil {
 					b.Fatal(err)
 				}
 				turn.Done(200)
 			}
 		})
+	}
+}
+
+func eventuallyTrueB(b *testing.B, cond func() bool) {
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+	"go.uber.org/zap"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
@@ -59,8 +60,10 @@ type RedisState struct {
 	// failed and the handler carries on locally. Default: 250ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
-	client  redis.UniversalClient
-	poolKey string
+	client        redis.UniversalClient
+	poolKey       string
+	logger        *zap.Logger
+	announcements *announcements // stateredisturn.go
 }
 
 // CaddyModule returns the Caddy module information.
@@ -97,6 +100,7 @@ func (c pooledRedis) Destruct() error { return c.Close() }
 // not connect: an engine that is down at start degrades the handler, it
 // does not stop Caddy.
 func (r *RedisState) Provision(ctx caddy.Context) error {
+	r.logger, r.announcements = ctx.Logger(), new(announcements)
 	repl := caddy.NewReplacer()
 	if len(r.Address) == 0 {
 		r.Address = []string{defaultRedisAddress}

@@ -3,28 +3,39 @@ package caddymodule
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
 // Cluster turns on Redis (`order cluster`): one hash per session under
-// key_prefix + the SHA-256 of its id + ":turn", with fields next, serving,
-// until (unix ms) and w<ticket> for withdrawn tickets, kept for
-// serializer.TurnLineTTL after its last change. Hand-ons and gates opened
-// are announced on the channel key_prefix + "changed", the key as message.
+// key_prefix + the SHA-256 of its id + ":turn", with fields holder, until
+// (unix ms) and waiting (the askers' tokens, space-separated, in order),
+// kept for serializer.TurnLineTTL after its last change. Asks ("want
+// <key> <token>"), hand-ons and gates opened ("<key>") are announced on
+// the channel key_prefix + "changed".
 
-// turnScript is serializer.TicketLine's methods, line for line (a new
-// line's tickets numbered from its start in microseconds), on the
-// hash KEYS[1], atomically. ARGV: op (take, claim, renew, release),
-// ticket, lease (ms), claim window (ms), the line's life (ms), channel,
-// the session's key, and now in unix ms ("" for the server's clock, so
-// that instances' clocks never disagree about a lease).
+// turnScript is serializer.TurnLine's methods, line for line, on the hash
+// KEYS[1], atomically. ARGV: op (take, claim, renew, release), token,
+// lease (ms), claim window (ms), the line's life (ms), channel, the
+// session's key, now in unix ms ("" for the server's clock, so that
+// instances' clocks never disagree about a lease), and "1" for a claim
+// that announces its ask again. It answers {a, b, announced}: for take
+// and claim the state (0 waiting, 1 served, 2 passed over) and whether
+// others wait; for renew whether the token holds the turn and whether
+// others wait; for release whether the turn was handed on. announced is
+// 1 if an announcement went out, -1 if the server refused it (an ACL
+// without the channel: pcall keeps that from undoing the change), 0 if
+// none was due.
 var turnScript = redis.NewScript(`
 local K = KEYS[1]
-local op, ticket, lease, claim = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local op, token, lease, claim = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now
 if ARGV[8] ~= '' then
   now = tonumber(ARGV[8])
@@ -32,161 +43,265 @@ else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local f = redis.call('HMGET', K, 'next', 'serving', 'until')
-local nxt, serving, untilms = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
-local function advance()
-  serving = serving + 1
-  while redis.call('HDEL', K, string.format('w%d', serving)) == 1 do
-    serving = serving + 1
+local f = redis.call('HMGET', K, 'holder', 'until', 'waiting')
+local holder, untilms = f[1] or '', tonumber(f[2] or '0')
+local waiting = {}
+for w in string.gmatch(f[3] or '', '%S+') do
+  waiting[#waiting + 1] = w
+end
+local function indexOf(tok)
+  for i, w in ipairs(waiting) do
+    if w == tok then return i end
   end
-  untilms = now + claim
+  return nil
+end
+local function advance()
+  holder, untilms = '', now
+  if #waiting > 0 then
+    holder = table.remove(waiting, 1)
+    untilms = now + claim
+  end
 end
 local function passOver()
-  while serving ~= 0 and serving <= nxt and now > untilms do
+  while holder ~= '' and now > untilms do
     advance()
   end
 end
-local result = 0
+local function announce(msg)
+  local r = redis.pcall('PUBLISH', ARGV[6], msg)
+  if type(r) == 'table' and r.err then return -1 end
+  return 1
+end
+local function others()
+  if #waiting > 0 then return 1 end
+  return 0
+end
+local a, b, announced = 0, 0, 0
 if op == 'take' then
   passOver()
-  if serving == 0 then
-    nxt = now * 1000
-    serving = nxt + 1
-  end
-  nxt = nxt + 1
-  if serving == nxt then
+  if holder == '' then holder = token end
+  if holder == token then
     untilms = now + lease
-    result = {nxt, 1}
+    a, b = 1, others()
   else
-    result = {nxt, 0}
+    if not indexOf(token) then waiting[#waiting + 1] = token end
+    announced = announce('want ' .. ARGV[7] .. ' ' .. token)
   end
 elseif op == 'claim' then
   passOver()
-  if ticket == serving and ticket <= nxt then
+  if holder == token then
     untilms = now + lease
-    result = 1
-  elseif ticket < serving or ticket > nxt then
-    result = 2
+    a, b = 1, others()
+  elseif indexOf(token) then
+    if ARGV[9] == '1' then announced = announce('want ' .. ARGV[7] .. ' ' .. token) end
+  else
+    a = 2
   end
 elseif op == 'renew' then
-  if ticket == serving and ticket <= nxt then
+  if holder == '' and untilms == 0 then holder = token end
+  if holder == token then
     untilms = now + lease
-    result = 1
+    a, b = 1, others()
   end
 elseif op == 'release' then
-  if ticket == serving and ticket <= nxt then
+  if holder == token then
     advance()
-    if serving <= nxt then
-      redis.call('PUBLISH', ARGV[6], ARGV[7])
-      result = 1
+    if holder ~= '' then
+      a = 1
+      announced = announce(ARGV[7])
     end
-  elseif ticket > serving and ticket <= nxt then
-    redis.call('HSET', K, string.format('w%d', ticket), '1')
+  else
+    local i = indexOf(token)
+    if i then table.remove(waiting, i) end
   end
 end
-redis.call('HSET', K, 'next', string.format('%d', nxt), 'serving', string.format('%d', serving), 'until', string.format('%d', untilms))
+redis.call('HSET', K, 'holder', holder, 'until', string.format('%d', untilms), 'waiting', table.concat(waiting, ' '))
 redis.call('PEXPIRE', K, ARGV[5])
-return result
+return {a, b, announced}
 `)
 
-// Ticket states as turnScript answers them.
-var scriptTicketStates = [...]serializer.TicketState{0: serializer.TicketWaiting, 1: serializer.TicketServed, 2: serializer.TicketPassedOver}
+// Turn states as turnScript answers them.
+var scriptTurnStates = [...]serializer.TurnState{0: serializer.TurnWaiting, 1: serializer.TurnServed, 2: serializer.TurnPassedOver}
+
+// announcePrefix marks an ask among the channel's messages.
+const announcePrefix = "want "
 
 func (r *RedisState) changedChannel() string { return r.KeyPrefix + "changed" }
 
+// turnAnswer is turnScript's answer.
+type turnAnswer struct{ a, b int64 }
+
 // runTurn runs turnScript for key at now (zero: the server's clock).
-func (r *RedisState) runTurn(ctx context.Context, key, op string, ticket int64, lease, claim time.Duration, now time.Time) (any, error) {
-	at := ""
+func (r *RedisState) runTurn(ctx context.Context, key, op, token string, lease, claim time.Duration, nudge bool, now time.Time) (turnAnswer, error) {
+	at, again := "", "0"
 	if !now.IsZero() {
 		at = fmt.Sprint(now.UnixMilli())
 	}
-	return turnScript.Run(ctx, r.client, []string{r.KeyPrefix + key + ":turn"},
-		op, ticket, lease.Milliseconds(), claim.Milliseconds(), serializer.TurnLineTTL.Milliseconds(),
-		r.changedChannel(), key, at).Result()
-}
-
-// TakeTicket queues a request of the session key.
-func (r *RedisState) TakeTicket(ctx context.Context, key string, lease, claim time.Duration) (int64, serializer.TicketState, error) {
-	return r.takeAt(ctx, key, lease, claim, time.Time{})
-}
-
-func (r *RedisState) takeAt(ctx context.Context, key string, lease, claim time.Duration, now time.Time) (int64, serializer.TicketState, error) {
-	v, err := r.runTurn(ctx, key, "take", 0, lease, claim, now)
+	if nudge {
+		again = "1"
+	}
+	v, err := turnScript.Run(ctx, r.client, []string{r.KeyPrefix + key + ":turn"},
+		op, token, lease.Milliseconds(), claim.Milliseconds(), serializer.TurnLineTTL.Milliseconds(),
+		r.changedChannel(), key, at, again).Int64Slice()
 	if err != nil {
-		return 0, 0, err
+		return turnAnswer{}, err
 	}
-	pair, ok := v.([]any)
-	if !ok || len(pair) != 2 {
-		return 0, 0, fmt.Errorf("take: unexpected answer %v", v)
+	if len(v) != 3 || v[0] < 0 || v[0] > 2 {
+		return turnAnswer{}, fmt.Errorf("%s: unexpected answer %v", op, v)
 	}
-	ticket, _ := pair[0].(int64)
-	served, _ := pair[1].(int64)
-	return ticket, scriptTicketStates[min(served, 1)], nil
+	r.announced(v[2])
+	return turnAnswer{v[0], v[1]}, nil
 }
 
-// ClaimTicket says where ticket stands.
-func (r *RedisState) ClaimTicket(ctx context.Context, key string, ticket int64, lease, claim time.Duration) (serializer.TicketState, error) {
-	return r.claimAt(ctx, key, ticket, lease, claim, time.Time{})
+// TakeTurn asks for the session key's turn under token.
+func (r *RedisState) TakeTurn(ctx context.Context, key, token string, lease, claim time.Duration) (serializer.TurnState, bool, error) {
+	return r.takeAt(ctx, key, token, lease, claim, time.Time{})
 }
 
-func (r *RedisState) claimAt(ctx context.Context, key string, ticket int64, lease, claim time.Duration, now time.Time) (serializer.TicketState, error) {
-	v, err := r.runTurn(ctx, key, "claim", ticket, lease, claim, now)
-	if err != nil {
-		return 0, err
-	}
-	n, ok := v.(int64)
-	if !ok || n < 0 || n > 2 {
-		return 0, fmt.Errorf("claim: unexpected answer %v", v)
-	}
-	return scriptTicketStates[n], nil
+func (r *RedisState) takeAt(ctx context.Context, key, token string, lease, claim time.Duration, now time.Time) (serializer.TurnState, bool, error) {
+	v, err := r.runTurn(ctx, key, "take", token, lease, claim, false, now)
+	return scriptTurnStates[v.a], v.b == 1, err
 }
 
-// RenewTicket extends a served ticket's lease.
-func (r *RedisState) RenewTicket(ctx context.Context, key string, ticket int64, lease time.Duration) (bool, error) {
-	return r.renewAt(ctx, key, ticket, lease, time.Time{})
+// ClaimTurn says where token stands.
+func (r *RedisState) ClaimTurn(ctx context.Context, key, token string, lease, claim time.Duration, nudge bool) (serializer.TurnState, bool, error) {
+	return r.claimAt(ctx, key, token, lease, claim, nudge, time.Time{})
 }
 
-func (r *RedisState) renewAt(ctx context.Context, key string, ticket int64, lease time.Duration, now time.Time) (bool, error) {
-	v, err := r.runTurn(ctx, key, "renew", ticket, lease, 0, now)
-	n, _ := v.(int64)
-	return n == 1, err
+func (r *RedisState) claimAt(ctx context.Context, key, token string, lease, claim time.Duration, nudge bool, now time.Time) (serializer.TurnState, bool, error) {
+	v, err := r.runTurn(ctx, key, "claim", token, lease, claim, nudge, now)
+	return scriptTurnStates[v.a], v.b == 1, err
 }
 
-// ReleaseTicket hands the turn on, or withdraws a waiting ticket.
-func (r *RedisState) ReleaseTicket(ctx context.Context, key string, ticket int64, claim time.Duration) error {
-	_, err := r.releaseAt(ctx, key, ticket, claim, time.Time{})
+// RenewTurn extends the holder's lease.
+func (r *RedisState) RenewTurn(ctx context.Context, key, token string, lease time.Duration) (held, wanted bool, err error) {
+	return r.renewAt(ctx, key, token, lease, time.Time{})
+}
+
+func (r *RedisState) renewAt(ctx context.Context, key, token string, lease time.Duration, now time.Time) (held, wanted bool, err error) {
+	v, err := r.runTurn(ctx, key, "renew", token, lease, 0, false, now)
+	return v.a == 1, v.b == 1, err
+}
+
+// ReleaseTurn hands the turn on, or withdraws an ask.
+func (r *RedisState) ReleaseTurn(ctx context.Context, key, token string, claim time.Duration) error {
+	_, err := r.releaseAt(ctx, key, token, claim, time.Time{})
 	return err
 }
 
-func (r *RedisState) releaseAt(ctx context.Context, key string, ticket int64, claim time.Duration, now time.Time) (bool, error) {
-	v, err := r.runTurn(ctx, key, "release", ticket, 0, claim, now)
-	n, _ := v.(int64)
-	return n == 1, err
+func (r *RedisState) releaseAt(ctx context.Context, key, token string, claim time.Duration, now time.Time) (bool, error) {
+	v, err := r.runTurn(ctx, key, "release", token, 0, claim, false, now)
+	return v.a == 1, err
 }
 
 // Announce tells every instance that the session key's record changed.
 func (r *RedisState) Announce(ctx context.Context, key string) error {
-	return r.client.Publish(ctx, r.changedChannel(), key).Err()
+	err := r.client.Publish(ctx, r.changedChannel(), key).Err()
+	switch {
+	case redis.HasErrorPrefix(err, "NOPERM"):
+		r.announced(-1)
+		return nil // refused for good: counted and logged once, not per call
+	case err == nil:
+		r.announced(1)
+	}
+	return err
 }
 
-// Watch calls changed with the key of every announcement until stop. The
-// subscription reconnects by itself; what is announced meanwhile is lost,
-// which the table's backoff covers.
-func (r *RedisState) Watch(changed func(key string)) (stop func()) {
+// announcements is what the engine knows of its channel: whether its
+// subscription is confirmed and whether the server lets it publish.
+type announcements struct {
+	hearing atomic.Bool
+	refused atomic.Bool // the last publish was refused
+	warned  sync.Once   // the refusal's WARN
+}
+
+func (r *RedisState) ann() *announcements { return r.announcements }
+
+// announced records the outcome of a publish: 1 sent, -1 refused, 0 none.
+func (r *RedisState) announced(outcome int64) {
+	switch outcome {
+	case 1:
+		r.ann().refused.Store(false)
+	case -1:
+		if !r.ann().refused.Swap(true) {
+			r.ann().warned.Do(func() { r.warnRefused("publish") })
+		}
+	}
+}
+
+// Announcing reports whether announcements go out and come in.
+func (r *RedisState) Announcing() bool {
+	return r.ann().hearing.Load() && !r.ann().refused.Load()
+}
+
+func (r *RedisState) warnRefused(what string) {
+	r.logger.Warn("Redis refuses this user the announcement channel; cluster turns work on by reading, "+
+		"handing each session's turn on after every exchange (grant the channel to make them free on a sticky front)",
+		zap.String("refused", what), zap.String("channel", r.changedChannel()),
+		zap.String("acl", "ACL SETUSER <user> resetchannels &"+r.changedChannel()))
+}
+
+// Watch calls changed for every announcement until stop. A subscription
+// that fails is made again after a pause: soon after a connection error,
+// rarely after an ACL refusal. What is announced meanwhile is lost, which
+// the table's backoff covers.
+func (r *RedisState) Watch(changed func(key, asker string)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
-	sub := r.client.Subscribe(ctx, r.changedChannel())
+	var mu sync.Mutex
+	var current *redis.PubSub
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for msg := range sub.Channel() {
-			changed(msg.Payload)
+		for ctx.Err() == nil {
+			sub := r.client.Subscribe(ctx, r.changedChannel())
+			mu.Lock()
+			current = sub
+			mu.Unlock()
+			pause := r.listen(ctx, sub, changed)
+			r.ann().hearing.Store(false)
+			_ = sub.Close()
+			select {
+			case <-ctx.Done():
+			case <-time.After(pause):
+			}
 		}
 	}()
 	return func() {
 		cancel()
-		_ = sub.Close()
+		mu.Lock()
+		if current != nil {
+			_ = current.Close()
+		}
+		mu.Unlock()
 		<-done
 	}
+}
+
+// Pauses before subscribing again.
+const (
+	resubscribeAfterError   = time.Second
+	resubscribeAfterRefusal = 30 * time.Second
+)
+
+// listen confirms sub's subscription, then passes its messages on until
+// it ends; it returns how long to pause before the next.
+func (r *RedisState) listen(ctx context.Context, sub *redis.PubSub, changed func(key, asker string)) time.Duration {
+	if _, err := sub.ReceiveTimeout(ctx, 5*time.Second); err != nil {
+		if redis.HasErrorPrefix(err, "NOPERM") {
+			r.ann().warned.Do(func() { r.warnRefused("subscribe") })
+			return resubscribeAfterRefusal
+		}
+		return resubscribeAfterError
+	}
+	r.ann().hearing.Store(true)
+	for msg := range sub.Channel() {
+		key, asker := msg.Payload, ""
+		if rest, ok := strings.CutPrefix(msg.Payload, announcePrefix); ok {
+			key, asker, _ = strings.Cut(rest, " ")
+		}
+		changed(key, asker)
+	}
+	return resubscribeAfterError
 }
 
 var _ TurnEngine = (*RedisState)(nil)

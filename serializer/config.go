@@ -97,6 +97,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("store_timeout must be positive, got %s", c.StoreTimeout)
 	case c.Turns != nil && c.Store == nil:
 		return fmt.Errorf("cluster turns need a Store")
+	case c.Turns != nil && c.StoreTimeout > MaxTurnStoreTimeout:
+		return fmt.Errorf("store_timeout must be at most %s with cluster turns, got %s: "+
+			"a turn's holder must have time to renew its lease twice before it stops its exchange", MaxTurnStoreTimeout, c.StoreTimeout)
 	}
 	return nil
 }
@@ -135,6 +138,9 @@ type Events interface {
 	// and looked up in the Store: gated if the record said it was still
 	// initializing, else (open, missing, or the store failed) queue only.
 	Adopted(sessionID string, gated bool)
+	// TurnLost reports an exchange stopped because its cluster turn could
+	// not be renewed, or went to another instance, before it ended.
+	TurnLost(sessionID string)
 }
 
 type noEvents struct{}
@@ -144,3 +150,4 @@ func (noEvents) Held()                              {}
 func (noEvents) GateTimedOut(string, TimeoutAction) {}
 func (noEvents) Evicted(bool)                       {}
 func (noEvents) Adopted(string, bool)               {}
+func (noEvents) TurnLost(string)                    {}

@@ -247,6 +247,7 @@ func (s *Session) endedUpstream() {
 	defer s.mu.Unlock()
 	s.gone = true
 	s.record(opForget)
+	s.idleGrantGone()
 	if s.gate == gateInitializing {
 		s.openGate()
 		s.dispatch()
@@ -263,6 +264,7 @@ func (s *Session) droppedByOperator() int {
 	s.dropped = true
 	s.gone = true
 	s.record(opForget)
+	s.idleGrantGone()
 	answered := s.answerAll(ErrSessionDropped)
 	if s.gate == gateInitializing {
 		s.openGate() // wakes GET streams at the gate; they see dropped
@@ -282,6 +284,7 @@ func (s *Session) forgottenWhileIdle() {
 		s.stopInit = nil
 	}
 	s.synth = nil
+	s.idleGrantGone()
 }
 
 // openGate lets held messages go. Caller holds s.mu.

@@ -23,12 +23,19 @@ const (
 )
 
 // Watcher is a Store that announces changes made by any instance: a record
-// opened, a session's cluster turn handed on.
+// opened, a session's cluster turn asked for or handed on.
 type Watcher interface {
-	// Watch calls changed with the StoreKey of each session whose shared
-	// state changed, until stop is called. Announcements may be lost (a
-	// reconnect); the table reads the state again after a backoff anyway.
-	Watch(changed func(key string)) (stop func())
+	// Watch calls changed for each announcement until stop is called: key
+	// is the StoreKey of the session whose shared state changed, asker the
+	// token of a request asking for its cluster turn ("" for any other
+	// change). Announcements may be lost (a reconnect); the table reads
+	// the state again after a backoff anyway.
+	Watch(changed func(key, asker string)) (stop func())
+	// Announcing reports whether announcements go out and come in: false
+	// while the engine refuses them (an ACL without the channel) or the
+	// subscription is down. A holder of a cluster turn then hands it on
+	// after every exchange, since it would not hear an ask.
+	Announcing() bool
 }
 
 // remoteWaits is the table's index of the sessions waiting on another
@@ -38,6 +45,7 @@ type remoteWaits struct {
 	sessions map[string]*remoteWait
 	stop     func() // ends the watch of the Store below
 	watching Store
+	watcher  Watcher // watching, if it is one
 }
 
 type remoteWait struct {
@@ -58,6 +66,7 @@ func (t *Table) watch(store Store) {
 	}
 	old := r.stop
 	r.watching, r.stop = store, nil
+	r.watcher, _ = store.(Watcher)
 	r.mu.Unlock()
 	if old != nil {
 		old()
@@ -78,8 +87,17 @@ func (t *Table) watch(store Store) {
 // unwatch ends announcements; the table is closing.
 func (t *Table) unwatch() { t.watch(nil) }
 
-// changedElsewhere wakes the requests waiting on session key, if any.
-func (t *Table) changedElsewhere(key string) {
+// announcing reports whether the watched Store's announcements work.
+func (r *remoteWaits) announcing() bool {
+	r.mu.Lock()
+	w := r.watcher
+	r.mu.Unlock()
+	return w != nil && w.Announcing()
+}
+
+// changedElsewhere wakes the requests waiting on session key, if any, and
+// tells a holder of its cluster turn of an ask.
+func (t *Table) changedElsewhere(key, asker string) {
 	t.remote.mu.Lock()
 	w := t.remote.sessions[key]
 	t.remote.mu.Unlock()
@@ -89,7 +107,14 @@ func (t *Table) changedElsewhere(key string) {
 	s := w.s
 	s.mu.Lock()
 	s.wakeRemoteWaits()
+	var handOn *turnGrant
+	if asker != "" {
+		handOn = s.turnAsked(asker)
+	}
 	s.mu.Unlock()
+	if handOn != nil {
+		go s.releaseGrant(handOn)
+	}
 }
 
 // awaitRemote registers a wait on s for announcements; the returned

@@ -23,6 +23,7 @@ var (
 type Session struct {
 	table *Table
 	id    string
+	keyed bool // a key's queue (AcquireKeyed), not a session
 
 	created time.Time
 	// lastUsed is when a request last entered or left, in unix
@@ -50,12 +51,19 @@ type Session struct {
 	writes  []storeOp     // Store writes not sent yet, in order
 	writing bool          // a goroutine is sending writes
 	changed chan struct{} // closed when another instance announces a change (remote.go)
+
+	// With cluster turns only (turn.go).
+	clusterGrant *turnGrant // the session's cluster turn, while this instance holds it
+	askingTurn   bool       // the request in the slot waits for the cluster turn
+	askToken     string     // its token
+	wantHeard    time.Time  // when another instance's ask was heard meanwhile
 }
 
 // waiter is a request waiting for its turn.
 type waiter struct {
 	traits   Traits
 	src      SynthSource   // nil unless the caller gave one
+	arrived  time.Time     // when the request reached this instance
 	ready    chan struct{} // closed once decided
 	err      error         // the decision: nil is a turn
 	overtake bool          // the turn is outside the slot (RepliesOnly)
@@ -70,7 +78,7 @@ type Turn struct {
 	begins   bool          // the initialize exchange that created the session
 	held     bool          // at the gate, waiting for initialized
 	waited   time.Duration // before the turn; 0 when it went straight through
-	cluster  *clusterTurn  // the ticket served across instances, if any (turn.go)
+	grant    *turnGrant    // the cluster turn it runs under, if any (turn.go)
 }
 
 // Streaming records that the response is an event stream, which lets
@@ -94,8 +102,8 @@ func (t Turn) Done(status int) {
 		return
 	}
 	ok := status >= 200 && status < 300
-	t.cluster.end()
 	s.mu.Lock()
+	handOn := t.grant != nil && s.grantEnded(t.grant)
 	if !t.overtake {
 		s.inFlight, s.streaming = false, false
 	}
@@ -107,21 +115,52 @@ func (t Turn) Done(status int) {
 	}
 	s.dispatch()
 	s.mu.Unlock()
-	if status == 404 || (ok && t.traits.Has(EndsSession)) {
+	if handOn {
+		s.releaseGrant(t.grant)
+	}
+	// A key's queue has no session upstream to end: its requests keep
+	// their order whatever the answer.
+	if !s.keyed && (status == 404 || (ok && t.traits.Has(EndsSession))) {
 		s.table.drop(s)
 	}
 	s.unref()
 }
 
+// Clustered reports whether the turn runs under a cluster turn, which may
+// lapse before the exchange ends (see StopOnLapse).
+func (t Turn) Clustered() bool { return t.grant != nil }
+
+// StopOnLapse gives the turn a way to stop its exchange upstream, which
+// it calls if the exchange's cluster turn may lapse before it ends (the
+// engine cannot be reached to renew it, or gave it to another instance):
+// another instance may then start the session's next exchange.
+func (t Turn) StopOnLapse(stop func()) {
+	g := t.grant
+	if g == nil {
+		return
+	}
+	t.s.mu.Lock()
+	lost := g.lost
+	if !lost {
+		g.stop = stop
+	}
+	t.s.mu.Unlock()
+	if lost {
+		stop()
+	}
+}
+
 // Overtook reports whether the turn went ahead of the in-flight exchange.
 func (t Turn) Overtook() bool { return t.overtake }
 
-// canOvertake reports whether a request may run beside the in-flight one.
+// canOvertake reports whether a request may run beside the one in the
+// slot: replies, while that one streams (it may wait for them) or waits
+// for its cluster turn (which an exchange they answer may hold).
 func (s *Session) canOvertake(t Traits) bool {
-	return t.Has(RepliesOnly) && s.inFlight && s.streaming && s.gate == gateOpen
+	return t.Has(RepliesOnly) && s.inFlight && (s.streaming || s.askingTurn) && s.gate == gateOpen
 }
 
-func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Turn, error) {
+func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, arrival time.Time) (Turn, error) {
 	cfg := s.table.config()
 	if err := ctx.Err(); err != nil {
 		return Turn{}, err
@@ -145,7 +184,7 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Tu
 		s.mu.Unlock()
 		return Turn{}, ErrQueueFull
 	}
-	w := &waiter{traits: traits, src: src, ready: make(chan struct{})}
+	w := &waiter{traits: traits, src: src, arrived: arrival, ready: make(chan struct{})}
 	s.waiting = append(s.waiting, w)
 	held := !s.admits(traits) && !s.lookingUp
 	if held {
@@ -179,13 +218,16 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Tu
 // release gives the slot back without any effect of an upstream answer.
 func (t Turn) release() {
 	s := t.s
-	t.cluster.end()
 	s.mu.Lock()
+	handOn := t.grant != nil && s.grantEnded(t.grant)
 	if !t.overtake {
 		s.inFlight, s.streaming = false, false
 	}
 	s.dispatch()
 	s.mu.Unlock()
+	if handOn {
+		s.releaseGrant(t.grant)
+	}
 }
 
 // decide settles w with err unless it was settled already, and waits until

@@ -40,11 +40,12 @@ type Table struct {
 	touching  atomic.Bool
 
 	remote remoteWaits // sessions waiting on another instance
+	tokens turnTokens  // for asking for cluster turns
 }
 
 // NewTable returns a table with its janitor running; Close stops it.
 func NewTable(cfg Config) *Table {
-	t := &Table{clock: cfg.Clock, stop: make(chan struct{}), sessions: map[string]*Session{}}
+	t := &Table{clock: cfg.Clock, stop: make(chan struct{}), sessions: map[string]*Session{}, tokens: newTurnTokens()}
 	if t.clock == nil {
 		t.clock = systemClock{}
 	}
@@ -134,13 +135,13 @@ func (t *Table) AcquireFrom(ctx context.Context, id string, traits Traits, src S
 // here, then, with Turns, across instances. The reference is dropped
 // unless a turn is returned.
 func (t *Table) takeTurn(ctx context.Context, s *Session, traits Traits, src SynthSource, start time.Time) (Turn, error) {
-	turn, err := s.enter(ctx, traits, src)
+	turn, err := s.enter(ctx, traits, src, start)
 	if err == nil && !turn.overtake {
-		turn.cluster, err = s.takeClusterTurn(ctx, traits, turn.waited)
+		turn.grant, err = s.clusterTurn(ctx, traits, start, turn.waited)
 		if err != nil {
 			turn.release()
 			turn = Turn{waited: turn.waited}
-		} else if turn.cluster != nil {
+		} else if turn.grant != nil {
 			turn.waited = t.clock.Now().Sub(start)
 		}
 	}
@@ -273,6 +274,7 @@ func (t *Table) refKey(key string) *Session {
 	s := t.sessions[key]
 	if s == nil {
 		s = t.newSession(key)
+		s.keyed = true
 		t.add(s)
 	}
 	t.hold(s)

@@ -2,146 +2,236 @@ package serializer
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
-	"sync"
+	"strconv"
+	"sync/atomic"
 	"time"
 )
 
 // Cluster turns: one session's requests upstream one at a time across
 // instances, for fronts that spread a session's requests over them (round
-// robin). Config.Turns turns them on; without it (behind a front that
-// keeps a session on one instance) a session's order is kept here alone,
-// at no cost per request.
+// robin). Config.Turns turns them on.
 //
 // The rules, whatever the engine:
-//   - A request first gets its turn here, as always (queue, gate, streams),
-//     then takes a ticket on the engine; so an instance has at most one
-//     ticket per session, and its requests keep their arrival order.
-//     Tickets are served in the order taken, one at a time.
-//   - A ticket being served has a lease (TurnLease): its holder renews it
-//     every TurnLease/3 while its exchange lasts and hands the turn on when
-//     the exchange ends. A holder that stops renewing (its instance died)
-//     is passed over when the lease runs out.
-//   - A ticket whose turn has come must be claimed within TurnClaim, or it
-//     is passed over (its instance died while the request waited); a live
-//     waiter passed over takes a new ticket.
-//   - Fencing: every change names the ticket it acts for and does nothing
-//     unless that ticket is the one being served, so a late holder never
-//     hands on another's turn nor renews its own after losing it.
+//   - A request first gets its turn here, as always (queue, gate, streams).
+//     Then it needs the session's cluster turn. An instance that holds it
+//     keeps it from one exchange to the next (a grant), so that behind a
+//     front that keeps a session on one instance its requests cost no
+//     engine call. An instance that does not hold it asks the engine,
+//     under a token it never uses again, and waits in line.
+//   - Asking is announced. The holder hears it, lets the requests that
+//     reached it before it heard go first, and then hands the turn on
+//     when its exchange ends (at once if none is running); its later
+//     requests ask again, behind the asker. Two requests that reach
+//     different instances within an announcement's delivery time (about a
+//     millisecond) may therefore swap; any further apart go in arrival
+//     order.
+//   - A holder has a lease (TurnLease) on the engine's clock, renewed every
+//     TurnLease/3 while an exchange runs; an idle grant is not renewed and
+//     lapses. A holder that cannot renew, or learns it lost the turn,
+//     stops its exchange TurnMargin before the lease may lapse as seen
+//     from here (from the time the renewal was sent), so that no two
+//     exchanges of a session run at once. A holder whose instance died
+//     is passed over when its lease runs out.
+//   - A turn handed on must be claimed within TurnClaim, or it is passed
+//     over (the asker's instance died while it waited); a live asker
+//     passed over asks again.
+//   - Fencing: every call names its token, and does nothing unless that
+//     token holds the turn (or waits for it), so a late holder never hands
+//     on another's turn. A call whose answer was lost can be sent again:
+//     asking twice with one token queues it once, and a request that
+//     does not know whether its ask arrived withdraws it.
+//   - Announcements only speed things up. While the engine cannot
+//     announce (an ACL denies the channel), a grant is handed on at the
+//     end of every exchange and askers read the line with a backoff.
 //   - Not ordered across instances: the initialize exchange (nobody else
 //     knows the session yet) and messages that carry only replies or
 //     cancellations (the exchange they answer may be the one holding the
-//     turn, streaming on another instance).
+//     turn, streaming on another instance); these also overtake a request
+//     here that waits for its cluster turn.
 //   - The engine failing (an error, or no answer within StoreTimeout) lets
 //     the request go with its turn here only: today's order on one
 //     instance, never a stuck request. Every wait ends by QueueTimeout.
 
 // TurnLease and TurnClaim bound how long a dead instance holds up a
 // session's requests on the others: a turn it held, and a turn that came
-// to a request it held waiting.
+// to a request it held waiting. A holder stops its exchange TurnMargin
+// before its lease may lapse; an engine call may take at most
+// MaxTurnStoreTimeout, which leaves a holder time to try its renewal
+// twice before then.
 const (
-	TurnLease = 5 * time.Second
-	TurnClaim = 1 * time.Second
+	TurnLease           = 5 * time.Second
+	TurnClaim           = 1 * time.Second
+	TurnMargin          = TurnLease / 5
+	MaxTurnStoreTimeout = TurnLease / 5
 )
 
-// TurnLineTTL is how long an engine keeps a session's TicketLine after its
-// last change: every live ticket changes it more often than that (a
-// holder renews every TurnLease/3, a waiter reads it every
-// remoteMaxBackoff), and a line left alone is free, as is no line.
+// TurnLineTTL is how long an engine keeps a session's TurnLine after its
+// last change: every live holder or asker changes it more often than that,
+// and a line left alone is free, as is no line.
 const TurnLineTTL = 3 * TurnLease
 
-// TicketState is what the engine says of a ticket.
-type TicketState uint8
+const (
+	turnRenewEvery = TurnLease / 3
+	turnRetryEvery = TurnLease / 20 // after a failed renewal
+	// turnNudgeEvery spaces an asker's repeated announcements, for a
+	// holder that missed the first.
+	turnNudgeEvery = 500 * time.Millisecond
+	// turnReleaseTries bounds the attempts at handing a turn on or
+	// withdrawing an ask whose answers were lost.
+	turnReleaseTries = 3
+)
+
+// TurnState is what the engine says of a token.
+type TurnState uint8
 
 const (
-	TicketWaiting    TicketState = iota // tickets before it are still served
-	TicketServed                        // its turn: the lease runs from now
-	TicketPassedOver                    // it was not claimed in time; take a new one
+	TurnWaiting    TurnState = iota // others hold the turn or are ahead in line
+	TurnServed                      // the token holds the turn: its lease runs from now
+	TurnPassedOver                  // the line does not know it (passed over, or lost): ask again
 )
 
 // TurnStore keeps the cluster turns of sessions, by session id. Like a
 // Store, it must key them by a hash of the id, honour its context and
-// return within its own bound; Watch announcements (if it is a Watcher)
-// include hand-ons.
+// return within its own bound. Its answers are TurnLine's. An engine that
+// is also a Watcher announces an ask (TakeTurn answered TurnWaiting, or
+// ClaimTurn with nudge still waiting) with the asker's token, and a
+// hand-on, to every instance.
 type TurnStore interface {
-	// TakeTicket queues a request of session id and says whether its turn
-	// has come already (it is then served, with a lease of lease).
-	TakeTicket(ctx context.Context, id string, lease, claim time.Duration) (ticket int64, state TicketState, err error)
-	// ClaimTicket says where ticket stands; if its turn has come it is
-	// served from now, with a lease of lease.
-	ClaimTicket(ctx context.Context, id string, ticket int64, lease, claim time.Duration) (TicketState, error)
-	// RenewTicket extends the lease of ticket if it is being served, and
-	// reports whether it was.
-	RenewTicket(ctx context.Context, id string, ticket int64, lease time.Duration) (bool, error)
-	// ReleaseTicket ends ticket: hands the turn on if it is being served,
-	// or withdraws it if it is still waiting, so that it is skipped.
-	ReleaseTicket(ctx context.Context, id string, ticket int64, claim time.Duration) error
+	TakeTurn(ctx context.Context, id, token string, lease, claim time.Duration) (state TurnState, wanted bool, err error)
+	ClaimTurn(ctx context.Context, id, token string, lease, claim time.Duration, nudge bool) (state TurnState, wanted bool, err error)
+	RenewTurn(ctx context.Context, id, token string, lease time.Duration) (held, wanted bool, err error)
+	ReleaseTurn(ctx context.Context, id, token string, claim time.Duration) error
 }
 
-// errPassedOver is internal: a waiter's ticket was passed over.
-var errPassedOver = errors.New("ticket passed over")
+// errPassedOver is internal: an ask was passed over.
+var errPassedOver = errors.New("passed over")
 
-// clusterTurn is a request's ticket while it is served.
-type clusterTurn struct {
-	store  TurnStore
-	id     string
-	ticket int64
-	cfg    *Config
-
-	mu      sync.Mutex
-	ended   bool
-	stopRen func() bool
+// turnGrant is this instance's hold on a session's cluster turn, kept
+// from one exchange to the next. Guarded by the session's mu.
+type turnGrant struct {
+	store TurnStore
+	token string
+	// renewed is when the call that last started or extended the lease
+	// was sent, and deadline that plus TurnLease: the engine started the
+	// lease later, so it lapses no earlier.
+	renewed, deadline time.Time
+	// wantedAt is when this instance learned that another waits for the
+	// turn: requests that reached it since go after that one.
+	wantedAt time.Time
+	inUse    bool   // an exchange holds it
+	stop     func() // stops that exchange (Turn.StopOnLapse)
+	lost     bool   // its lease lapsed, or the engine gave the turn to another
+	ticking  bool   // a renewal is scheduled
+	unwatch  func() // ends the session's registration for announcements
 }
 
-// ordersAcrossInstances reports whether a request with these traits takes
-// a ticket.
+// turnTokens makes the tokens an instance asks under: a random prefix of
+// its own and a count, so no token is ever used twice, here or elsewhere.
+type turnTokens struct {
+	prefix string
+	n      atomic.Uint64
+}
+
+func (k *turnTokens) next() string {
+	if k.prefix == "" {
+		panic("turnTokens used before newTurnTokens")
+	}
+	return k.prefix + strconv.FormatUint(k.n.Add(1), 36)
+}
+
+func newTurnTokens() turnTokens {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return turnTokens{prefix: hex.EncodeToString(b[:]) + "."}
+}
+
+// ordersAcrossInstances reports whether a request with these traits needs
+// the cluster turn.
 func ordersAcrossInstances(traits Traits) bool { return !traits.Has(RepliesOnly) }
 
-// takeClusterTurn waits for the request's cluster turn, if the table has
-// turns, after its turn here; waited is how long it waited here. It
-// returns the ticket being served, or nil if the request goes without one.
-func (s *Session) takeClusterTurn(ctx context.Context, traits Traits, waited time.Duration) (*clusterTurn, error) {
-	cfg := s.table.config()
+// clusterTurn gives the request holding s's slot the session's cluster
+// turn, if the table has turns: the grant this instance holds, if the
+// request may use it, or one asked for. arrival is when the request
+// reached this instance, waited how long it has waited here. It returns
+// nil if the request goes without one (the engine failed).
+func (s *Session) clusterTurn(ctx context.Context, traits Traits, arrival time.Time, waited time.Duration) (*turnGrant, error) {
+	t := s.table
+	cfg := t.config()
 	if cfg.Turns == nil || !ordersAcrossInstances(traits) {
 		return nil, nil
 	}
-	deadline := s.table.clock.Now().Add(cfg.QueueTimeout - waited)
-	for {
-		ct, err := s.waitTicket(ctx, cfg, deadline)
-		if !errors.Is(err, errPassedOver) {
-			return ct, err
+	s.mu.Lock()
+	if g := s.clusterGrant; g != nil {
+		if g.usableBy(arrival, t.clock.Now()) {
+			s.useGrant(g)
+			s.mu.Unlock()
+			return g, nil
 		}
+		s.clusterGrant = nil // lapsing, or another instance asked before this request came
+		go s.releaseGrant(g)
 	}
+	s.askingTurn, s.wantHeard = true, time.Time{}
+	s.dispatch() // replies may overtake a request that waits for its turn
+	s.mu.Unlock()
+
+	deadline := t.clock.Now().Add(cfg.QueueTimeout - waited)
+	g, err := s.askTurn(ctx, cfg, deadline)
+	for errors.Is(err, errPassedOver) {
+		g, err = s.askTurn(ctx, cfg, deadline)
+	}
+	s.mu.Lock()
+	s.askingTurn, s.askToken = false, ""
+	if g != nil {
+		if !s.wantHeard.IsZero() && (g.wantedAt.IsZero() || s.wantHeard.Before(g.wantedAt)) {
+			g.wantedAt = s.wantHeard
+		}
+		g.unwatch = t.awaitRemote(s) // to hear the next ask
+		s.clusterGrant = g
+		s.useGrant(g)
+	}
+	s.mu.Unlock()
+	return g, err
 }
 
-// waitTicket takes a ticket and waits until it is served.
-func (s *Session) waitTicket(ctx context.Context, cfg *Config, deadline time.Time) (*clusterTurn, error) {
+// askTurn asks the engine for the cluster turn and waits until it is
+// served.
+func (s *Session) askTurn(ctx context.Context, cfg *Config, deadline time.Time) (*turnGrant, error) {
 	t := s.table
 	store := cfg.Turns
 	call := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), cfg.StoreTimeout)
 	}
-	// Listening before the ticket is taken: a hand-on announced between
-	// the read and the wait is not missed.
+	token := t.tokens.next()
+	// Listening before asking: a hand-on announced between the answer and
+	// the wait is not missed.
 	defer t.awaitRemote(s)()
-	changed := s.nextRemoteChange()
+	s.mu.Lock()
+	s.askToken = token
+	changed := s.remoteChange()
+	s.mu.Unlock()
+	withdraw := func() { go releaseTurn(store, s.id, token, cfg.StoreTimeout) }
+
+	sent := t.clock.Now()
 	cctx, cancel := call()
-	ticket, state, err := store.TakeTicket(cctx, s.id, TurnLease, TurnClaim)
+	state, wanted, err := store.TakeTurn(cctx, s.id, token, TurnLease, TurnClaim)
 	cancel()
 	if err != nil {
-		return nil, nil // engine down: this instance's order only
+		withdraw() // the ask may have arrived though its answer did not
+		return nil, nil
 	}
-	withdraw := func() {
-		cctx, cancel := call()
-		_ = store.ReleaseTicket(cctx, s.id, ticket, TurnClaim)
-		cancel()
-	}
-	backoff := remoteFirstBackoff
+	backoff, nudged := remoteFirstBackoff, sent
 	for {
 		switch state {
-		case TicketServed:
-			return s.served(cfg, ticket), nil
-		case TicketPassedOver:
+		case TurnServed:
+			g := &turnGrant{store: store, token: token, renewed: sent, deadline: sent.Add(TurnLease)}
+			if wanted {
+				g.wantedAt = t.clock.Now()
+			}
+			return g, nil
+		case TurnPassedOver:
 			return nil, errPassedOver
 		}
 		left := deadline.Sub(t.clock.Now())
@@ -155,50 +245,187 @@ func (s *Session) waitTicket(ctx context.Context, cfg *Config, deadline time.Tim
 		}
 		backoff = min(2*backoff, remoteMaxBackoff)
 		changed = s.nextRemoteChange()
+		sent = t.clock.Now()
+		nudge := sent.Sub(nudged) >= turnNudgeEvery
+		if nudge {
+			nudged = sent
+		}
 		cctx, cancel := call()
-		state, err = store.ClaimTicket(cctx, s.id, ticket, TurnLease, TurnClaim)
+		state, wanted, err = store.ClaimTurn(cctx, s.id, token, TurnLease, TurnClaim, nudge)
 		cancel()
 		if err != nil {
-			go withdraw() // best effort; its claim window ends it anyway
+			withdraw()
 			return nil, nil
 		}
 	}
 }
 
-// served starts renewing the lease of a ticket being served.
-func (s *Session) served(cfg *Config, ticket int64) *clusterTurn {
-	ct := &clusterTurn{store: cfg.Turns, id: s.id, ticket: ticket, cfg: cfg}
-	ct.mu.Lock()
-	ct.stopRen = s.table.clock.AfterFunc(TurnLease/3, func() { ct.renew(s.table.clock) })
-	ct.mu.Unlock()
-	return ct
+// usableBy reports whether a request that arrived at arrival may run
+// under g: its lease has room for an exchange, and nobody asked for the
+// turn before the request came.
+func (g *turnGrant) usableBy(arrival, now time.Time) bool {
+	return !g.lost && now.Before(g.deadline.Add(-TurnMargin)) &&
+		(g.wantedAt.IsZero() || !arrival.After(g.wantedAt))
 }
 
-// renew extends the lease while the exchange lasts.
-func (ct *clusterTurn) renew(clock Clock) {
-	ctx, cancel := context.WithTimeout(context.Background(), ct.cfg.StoreTimeout)
-	held, err := ct.store.RenewTicket(ctx, ct.id, ct.ticket, TurnLease)
-	cancel()
-	ct.mu.Lock()
-	defer ct.mu.Unlock()
-	if ct.ended || (err == nil && !held) {
-		return // ended, or passed over: nothing left to renew
+// useGrant starts an exchange under g, and its renewals. Caller holds s.mu.
+func (s *Session) useGrant(g *turnGrant) {
+	g.inUse, g.stop = true, nil
+	if !g.ticking {
+		g.ticking = true
+		now := s.table.clock.Now()
+		s.table.clock.AfterFunc(g.untilTick(g.renewed.Add(turnRenewEvery), now), func() { s.grantTick(g) })
 	}
-	ct.stopRen = clock.AfterFunc(TurnLease/3, func() { ct.renew(clock) })
 }
 
-// end hands the turn on; the exchange has ended.
-func (ct *clusterTurn) end() {
-	if ct == nil {
+// untilTick is how long from now until due, or until g's last moment to
+// stop an exchange if that comes first.
+func (g *turnGrant) untilTick(due, now time.Time) time.Duration {
+	if last := g.deadline.Add(-TurnMargin); last.Before(due) {
+		due = last
+	}
+	return max(due.Sub(now), 0)
+}
+
+// grantTick renews g's lease while an exchange runs under it, and stops
+// that exchange when the lease may lapse before a renewal succeeds.
+func (s *Session) grantTick(g *turnGrant) {
+	t := s.table
+	s.mu.Lock()
+	if s.clusterGrant != g || !g.inUse {
+		g.ticking = false // idle or given up: not renewed
+		s.mu.Unlock()
 		return
 	}
-	ct.mu.Lock()
-	ct.ended = true
-	if ct.stopRen != nil {
-		ct.stopRen()
+	if !t.clock.Now().Before(g.deadline.Add(-TurnMargin)) {
+		s.lapse(g)
+		return
 	}
-	ct.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), ct.cfg.StoreTimeout)
-	_ = ct.store.ReleaseTicket(ctx, ct.id, ct.ticket, TurnClaim)
+	s.mu.Unlock()
+
+	sent := t.clock.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), t.config().StoreTimeout)
+	held, wanted, err := g.store.RenewTurn(ctx, s.id, g.token, TurnLease)
 	cancel()
+
+	s.mu.Lock()
+	if s.clusterGrant != g || !g.inUse {
+		g.ticking = false
+		s.mu.Unlock()
+		return
+	}
+	now := t.clock.Now()
+	due := now.Add(turnRetryEvery)
+	switch {
+	case err != nil:
+	case !held:
+		s.lapse(g) // the engine gave the turn to another
+		return
+	default:
+		g.renewed, g.deadline = sent, sent.Add(TurnLease)
+		due = sent.Add(turnRenewEvery)
+		if wanted && g.wantedAt.IsZero() {
+			g.wantedAt = now
+		}
+	}
+	t.clock.AfterFunc(g.untilTick(due, now), func() { s.grantTick(g) })
+	s.mu.Unlock()
+}
+
+// lapse gives g up while its exchange runs, and stops that exchange.
+// Caller holds s.mu; it is released.
+func (s *Session) lapse(g *turnGrant) {
+	g.lost, g.ticking = true, false
+	if s.clusterGrant == g {
+		s.clusterGrant = nil
+	}
+	stop := g.stop
+	s.mu.Unlock()
+	s.table.config().Events.TurnLost(s.id)
+	if stop != nil {
+		stop()
+	}
+	go s.releaseGrant(g)
+}
+
+// grantEnded: the exchange under g has ended. It reports whether g must
+// be handed on now: it was lost, the session ended, the engine cannot
+// announce asks (so a holder would not hear one), or another instance
+// asked before the next request here came. Caller holds s.mu, before
+// the slot passes on.
+func (s *Session) grantEnded(g *turnGrant) (handOn bool) {
+	g.inUse, g.stop = false, nil
+	if s.clusterGrant != g {
+		return false // given up already
+	}
+	if g.lost || s.gone || !s.table.remote.announcing() ||
+		(!g.wantedAt.IsZero() && !s.nextArrivedBefore(g.wantedAt)) {
+		s.clusterGrant = nil
+		return true
+	}
+	return false
+}
+
+// nextArrivedBefore reports whether the request that gets the slot next
+// arrived no later than at. Caller holds s.mu.
+func (s *Session) nextArrivedBefore(at time.Time) bool {
+	for _, w := range s.waiting {
+		if s.admits(w.traits) {
+			return !w.arrived.After(at)
+		}
+	}
+	return false
+}
+
+// turnAsked: another instance asks for s's cluster turn (asker is its
+// token). A grant held here is handed on at once if idle, else after the
+// requests that came before now; a request asking here remembers when,
+// for the grant it is about to get. Caller holds s.mu; it returns a
+// grant to hand on outside the lock.
+func (s *Session) turnAsked(asker string) (handOn *turnGrant) {
+	now := s.table.clock.Now()
+	if g := s.clusterGrant; g != nil && g.token != asker {
+		if g.wantedAt.IsZero() {
+			g.wantedAt = now
+		}
+		if !g.inUse {
+			s.clusterGrant = nil
+			return g
+		}
+		return nil
+	}
+	if s.askingTurn && s.askToken != asker && s.wantHeard.IsZero() {
+		s.wantHeard = now
+	}
+	return nil
+}
+
+// idleGrantGone: the session ended or was forgotten; a grant it holds
+// with no exchange running is handed on. Caller holds s.mu.
+func (s *Session) idleGrantGone() {
+	if g := s.clusterGrant; g != nil && !g.inUse {
+		s.clusterGrant = nil
+		go s.releaseGrant(g)
+	}
+}
+
+// releaseGrant hands g's turn on, or frees it.
+func (s *Session) releaseGrant(g *turnGrant) {
+	if g.unwatch != nil {
+		g.unwatch()
+	}
+	releaseTurn(g.store, s.id, g.token, s.table.config().StoreTimeout)
+}
+
+// releaseTurn hands token's turn on or withdraws its ask, trying again
+// if the engine's answer is lost: releasing twice is harmless.
+func releaseTurn(store TurnStore, id, token string, timeout time.Duration) {
+	for range turnReleaseTries {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		err := store.ReleaseTurn(ctx, id, token, TurnClaim)
+		cancel()
+		if err == nil {
+			return
+		}
+	}
 }

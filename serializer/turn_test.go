@@ -3,100 +3,123 @@ package serializer
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 )
 
-// memTurns is a TurnStore (and, with announce set, a Watcher) on
-// TicketLines, on the tests' fake clock.
+// memTurns is a TurnStore (and, with announce set, an announcing
+// Watcher) on TurnLines, on the tests' fake clock.
 type memTurns struct {
 	*fakeStore
 	clock *fakeClock
 
 	mu       sync.Mutex
-	lines    map[string]*TicketLine
-	taken    map[string]int64 // tickets taken per session
-	fail     error
+	lines    map[string]*TurnLine
+	calls    map[string]int  // by op and session: "take s"
+	fail     error           // every call fails, unapplied
+	lose     map[string]bool // by op: applied, but the answer is lost
+	refuse   map[string]bool // by op: fails, unapplied
 	announce bool
-	watchers map[int]func(string)
+	watchers map[int]func(string, string)
 	nextW    int
 }
 
 func newMemTurns(clock *fakeClock, announce bool) *memTurns {
-	return &memTurns{fakeStore: newFakeStore(), clock: clock, lines: map[string]*TicketLine{}, taken: map[string]int64{}, announce: announce, watchers: map[int]func(string){}}
+	return &memTurns{fakeStore: newFakeStore(), clock: clock, lines: map[string]*TurnLine{}, calls: map[string]int{},
+		lose: map[string]bool{}, refuse: map[string]bool{}, announce: announce, watchers: map[int]func(string, string){}}
 }
 
-func (m *memTurns) line(id string) (*TicketLine, error) {
+// enter counts a call of op and returns id's line and the error the
+// call's answer meets once applied, or the error that keeps it from
+// being applied. Caller holds m.mu.
+func (m *memTurns) enter(op, id string) (l *TurnLine, answer, err error) {
+	m.calls[op+" "+id]++
 	if m.fail != nil {
-		return nil, m.fail
+		return nil, nil, m.fail
 	}
-	l := m.lines[id]
+	if m.refuse[op] {
+		return nil, nil, errStoreDown
+	}
+	if m.lose[op] {
+		answer = context.DeadlineExceeded
+	}
+	l = m.lines[id]
 	if l == nil {
-		l = &TicketLine{}
+		l = &TurnLine{}
 		m.lines[id] = l
 	}
-	return l, nil
+	return l, answer, nil
 }
 
-func (m *memTurns) TakeTicket(_ context.Context, id string, lease, claim time.Duration) (int64, TicketState, error) {
+func (m *memTurns) TakeTurn(_ context.Context, id, token string, lease, claim time.Duration) (TurnState, bool, error) {
+	m.mu.Lock()
+	l, answer, err := m.enter("take", id)
+	if err != nil {
+		m.mu.Unlock()
+		return 0, false, err
+	}
+	st, wanted := l.Take(token, m.clock.Now(), lease, claim)
+	m.mu.Unlock()
+	if st == TurnWaiting {
+		m.changed(id, token)
+	}
+	return st, wanted, answer
+}
+
+func (m *memTurns) ClaimTurn(_ context.Context, id, token string, lease, claim time.Duration, nudge bool) (TurnState, bool, error) {
+	m.mu.Lock()
+	l, answer, err := m.enter("claim", id)
+	if err != nil {
+		m.mu.Unlock()
+		return 0, false, err
+	}
+	st, wanted := l.Claim(token, m.clock.Now(), lease, claim)
+	m.mu.Unlock()
+	if st == TurnWaiting && nudge {
+		m.changed(id, token)
+	}
+	return st, wanted, answer
+}
+
+func (m *memTurns) RenewTurn(_ context.Context, id, token string, lease time.Duration) (bool, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	l, err := m.line(id)
+	l, answer, err := m.enter("renew", id)
 	if err != nil {
-		return 0, 0, err
+		return false, false, err
 	}
-	n, st := l.Take(m.clock.Now(), lease, claim)
-	m.taken[id]++
-	return n, st, nil
+	held, wanted := l.Renew(token, m.clock.Now(), lease)
+	return held, wanted, answer
 }
 
-func (m *memTurns) ClaimTicket(_ context.Context, id string, ticket int64, lease, claim time.Duration) (TicketState, error) {
+func (m *memTurns) ReleaseTurn(_ context.Context, id, token string, claim time.Duration) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	l, err := m.line(id)
-	if err != nil {
-		return 0, err
-	}
-	return l.Claim(ticket, m.clock.Now(), lease, claim), nil
-}
-
-func (m *memTurns) RenewTicket(_ context.Context, id string, ticket int64, lease time.Duration) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	l, err := m.line(id)
-	if err != nil {
-		return false, err
-	}
-	return l.Renew(ticket, m.clock.Now(), lease), nil
-}
-
-func (m *memTurns) ReleaseTicket(_ context.Context, id string, ticket int64, claim time.Duration) error {
-	m.mu.Lock()
-	l, err := m.line(id)
+	l, answer, err := m.enter("release", id)
 	if err != nil {
 		m.mu.Unlock()
 		return err
 	}
-	handedOn := l.Release(ticket, m.clock.Now(), claim)
+	handedOn := l.Release(token, m.clock.Now(), claim)
 	m.mu.Unlock()
 	if handedOn {
-		m.changed(id)
+		m.changed(id, "")
 	}
-	return nil
+	return answer
 }
 
 func (m *memTurns) Opened(ctx context.Context, id string) error {
 	err := m.fakeStore.Opened(ctx, id)
 	if err == nil {
-		m.changed(id)
+		m.changed(id, "")
 	}
 	return err
 }
 
-func (m *memTurns) changed(id string) {
+func (m *memTurns) changed(id, asker string) {
 	m.mu.Lock()
-	var ws []func(string)
+	var ws []func(string, string)
 	if m.announce {
 		for _, w := range m.watchers {
 			ws = append(ws, w)
@@ -104,11 +127,11 @@ func (m *memTurns) changed(id string) {
 	}
 	m.mu.Unlock()
 	for _, w := range ws {
-		w(StoreKey(id))
+		w(StoreKey(id), asker)
 	}
 }
 
-func (m *memTurns) Watch(changed func(string)) func() {
+func (m *memTurns) Watch(changed func(string, string)) func() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	i := m.nextW
@@ -121,10 +144,43 @@ func (m *memTurns) Watch(changed func(string)) func() {
 	}
 }
 
+func (m *memTurns) Announcing() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.announce
+}
+
 func (m *memTurns) setFail(err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.fail = err
+}
+
+// set turns a fault of op on or off: lose (applied, answer lost) or
+// refuse (not applied).
+func (m *memTurns) set(fault map[string]bool, op string, on bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	fault[op] = on
+}
+
+// count returns the calls of op made for session id.
+func (m *memTurns) countOf(op, id string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.calls[op+" "+id]
+}
+
+// line returns a copy of id's line.
+func (m *memTurns) line(id string) TurnLine {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if l := m.lines[id]; l != nil {
+		c := *l
+		c.Waiting = slices.Clone(l.Waiting)
+		return c
+	}
+	return TurnLine{}
 }
 
 // newCluster returns n tables with cluster turns on one memTurns.
@@ -182,7 +238,91 @@ func TestClusterTurnWithoutAnnouncementsEndsWithinABackoff(t *testing.T) {
 	r.turn.Done(200)
 }
 
-func TestClusterTurnsGoInTheOrderTaken(t *testing.T) {
+func TestHolderKeepsTheTurnWhileRequestsKeepArrivingThere(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	for range 20 { // a sticky front: every request on one instance
+		r := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		clock.Advance(100 * time.Millisecond)
+		r.turn.Done(200)
+	}
+	if n := turns.countOf("take", "s"); n != 1 {
+		t.Fatalf("%d asks for 20 requests on one instance, want 1", n)
+	}
+	if n := turns.countOf("release", "s") + turns.countOf("claim", "s"); n != 0 {
+		t.Fatalf("%d releases and claims for requests on the holder, want none", n)
+	}
+}
+
+func TestIdleHolderHandsTheTurnOnAtOnceWhenAskedElsewhere(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0)).turn.Done(200) // tabs[0] keeps the turn
+	r := mustGet(t, acquireInBackground(tabs[1], "s"))              // no clock: announced both ways
+	if r.err != nil || r.turn.grant == nil {
+		t.Fatalf("err=%v grant=%v, want the cluster turn", r.err, r.turn.grant)
+	}
+	r.turn.Done(200)
+}
+
+func TestRequestsThatReachedTheHolderBeforeAnAskElsewhereGoFirst(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	var mu sync.Mutex
+	var order []string
+	run := func(tab *Table, name string, first chan result) <-chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r := <-first
+			if r.err != nil {
+				t.Error(r.err)
+				return
+			}
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+			r.turn.Done(200)
+		}()
+		return done
+	}
+	r1 := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0)) // upstream on A
+	r2 := acquireAsync(t, tabs[0], bg, "s", 0)             // queued on A
+	clock.Advance(5 * time.Millisecond)
+	r3 := acquireInBackground(tabs[1], "s") // then asked on B
+	eventually(t, func() bool { return len(turns.line("s").Waiting) == 1 })
+	clock.Advance(5 * time.Millisecond)
+	r4 := acquireAsync(t, tabs[0], bg, "s", 0) // on A, after B's ask was heard there
+	done := []<-chan struct{}{
+		run(tabs[0], "r2", relay(r2)), run(tabs[1], "r3", relay(r3)), run(tabs[0], "r4", relay(r4)),
+	}
+	mu.Lock()
+	order = append(order, "r1")
+	mu.Unlock()
+	r1.turn.Done(200)
+	for _, d := range done {
+		select {
+		case <-d:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a request was not served")
+		}
+	}
+	if want := []string{"r1", "r2", "r3", "r4"}; !slices.Equal(order, want) {
+		t.Fatalf("served %v, want %v (arrival order across instances)", order, want)
+	}
+}
+
+// relay passes ch's result on through a channel a test can hand around.
+func relay(ch <-chan result) chan result {
+	out := make(chan result, 1)
+	go func() { out <- <-ch }()
+	return out
+}
+
+func TestClusterTurnsGoInTheOrderAsked(t *testing.T) {
 	tabs, turns, _ := newCluster(t, 3, true)
 	openSession(t, turns, "s")
 	first := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
@@ -190,7 +330,6 @@ func TestClusterTurnsGoInTheOrderTaken(t *testing.T) {
 	var mu sync.Mutex
 	done := make(chan struct{}, 2)
 	for _, i := range []int{1, 2} {
-		before := ticketsTaken(turns, "s")
 		go func() {
 			turn, err := tabs[i].Acquire(bg, "s", 0)
 			if err != nil {
@@ -202,31 +341,25 @@ func TestClusterTurnsGoInTheOrderTaken(t *testing.T) {
 			turn.Done(200)
 			done <- struct{}{}
 		}()
-		eventually(t, func() bool { return ticketsTaken(turns, "s") > before })
+		eventually(t, func() bool { return len(turns.line("s").Waiting) == i })
 	}
 	first.turn.Done(200)
 	<-done
 	<-done
 	if order[0] != 1 || order[1] != 2 {
-		t.Fatalf("served in the order %v, want [1 2] (the order the tickets were taken)", order)
+		t.Fatalf("served in the order %v, want [1 2] (the order they asked)", order)
 	}
-}
-
-func ticketsTaken(m *memTurns, id string) int64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.taken[id]
 }
 
 func TestDeadInstancesTurnIsPassedOverWhenItsLeaseRunsOut(t *testing.T) {
 	tabs, turns, clock := newCluster(t, 1, true)
 	openSession(t, turns, "s")
 	// An instance took the turn, then died: nobody renews its lease.
-	if _, st, _ := turns.TakeTicket(bg, "s", TurnLease, TurnClaim); st != TicketServed {
-		t.Fatalf("first ticket: %v, want served", st)
+	if st, _, _ := turns.TakeTurn(bg, "s", "dead", TurnLease, TurnClaim); st != TurnServed {
+		t.Fatalf("dead instance's ask: %v, want served", st)
 	}
 	waiting := acquireInBackground(tabs[0], "s")
-	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
+	eventually(t, func() bool { return turns.countOf("take", "s") == 2 })
 	clock.Advance(TurnLease - time.Millisecond)
 	mustWait(t, waiting)
 	clock.Advance(2 * remoteMaxBackoff)
@@ -241,75 +374,186 @@ func TestLiveHolderRenewsItsLeaseForALongExchange(t *testing.T) {
 	tabs, turns, clock := newCluster(t, 2, true)
 	openSession(t, turns, "s")
 	long := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	stopped := make(chan struct{})
+	long.turn.StopOnLapse(func() { close(stopped) })
 	waiting := acquireInBackground(tabs[1], "s")
-	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
-	for range 12 { // four leases
+	eventually(t, func() bool { return turns.countOf("take", "s") == 2 })
+	for range 24 { // four leases
 		clock.Advance(TurnLease / 6)
+		time.Sleep(time.Millisecond) // let a renewal land
 	}
 	mustWait(t, waiting)
+	select {
+	case <-stopped:
+		t.Fatal("the exchange was stopped while its lease was renewed")
+	default:
+	}
 	long.turn.Done(200)
 	mustGet(t, waiting).turn.Done(200)
 }
 
-func TestHolderPassedOverCannotHandOnTheNextTurn(t *testing.T) {
-	var l TicketLine
+func TestHolderThatCannotRenewStopsItsExchangeBeforeTheLeaseLapses(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	long := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	stopped := make(chan time.Time, 1)
+	long.turn.StopOnLapse(func() { stopped <- clock.Now() })
+	start := clock.Now()
+	turns.set(turns.refuse, "renew", true) // cut off from the engine for renewals
+	for range 100 {
+		clock.Advance(TurnLease / 50)
+		time.Sleep(time.Millisecond)
+		if len(stopped) > 0 {
+			break
+		}
+	}
+	select {
+	case at := <-stopped:
+		if lapse := start.Add(TurnLease); !at.Before(lapse) {
+			t.Fatalf("stopped %s after the turn began, not before its lease may lapse (%s)", at.Sub(start), TurnLease)
+		}
+	default:
+		t.Fatal("the exchange ran on past its lease")
+	}
+	if renewals := turns.countOf("renew", "s"); renewals < 2 {
+		t.Fatalf("%d renewals tried before stopping, want at least 2", renewals)
+	}
+	long.turn.Done(0)
+	// The next request elsewhere is served, and never beside the stopped one.
+	r := mustGet(t, acquireInBackground(tabs[1], "s"))
+	if r.err != nil || r.turn.grant == nil {
+		t.Fatalf("err=%v grant=%v, want the cluster turn", r.err, r.turn.grant)
+	}
+	r.turn.Done(200)
+}
+
+func TestHolderWhoseLineWasRolledBackStopsItsExchange(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0)).turn.Done(200)
+	before := turns.line("s") // what a replica had
+	b := mustGet(t, acquireInBackground(tabs[1], "s"))
+	stopped := make(chan struct{})
+	b.turn.StopOnLapse(func() { close(stopped) })
+	turns.mu.Lock()
+	*turns.lines["s"] = before // a failover to that replica
+	turns.mu.Unlock()
+	for range 10 {
+		clock.Advance(TurnLease / 6)
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the holder ran on after the engine forgot its turn")
+	}
+	b.turn.Done(0)
+}
+
+func TestLostAnswerToAnAskLeavesNoTurnServedToNobody(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	turns.set(turns.lose, "take", true) // applied on the engine, answer lost
+	r := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	if r.err != nil || r.turn.grant != nil {
+		t.Fatalf("err=%v grant=%v, want a turn here only", r.err, r.turn.grant)
+	}
+	r.turn.Done(200)
+	turns.set(turns.lose, "take", false)
+	// No clock moves: the lost ask was withdrawn, not left to lapse.
+	other := mustGet(t, acquireInBackground(tabs[1], "s"))
+	if other.err != nil || other.turn.grant == nil {
+		t.Fatalf("err=%v grant=%v, want the cluster turn at once", other.err, other.turn.grant)
+	}
+	other.turn.Done(200)
+}
+
+func TestAskedTwiceWithOneTokenIsQueuedOnce(t *testing.T) {
+	var l TurnLine
 	now := time.Unix(0, 0)
-	late, _ := l.Take(now, TurnLease, TurnClaim)
-	next, _ := l.Take(now, TurnLease, TurnClaim)
-	after, _ := l.Take(now, TurnLease, TurnClaim)
+	l.Take("a", now, TurnLease, TurnClaim)
+	for range 2 {
+		if st, _ := l.Take("b", now, TurnLease, TurnClaim); st != TurnWaiting {
+			t.Fatalf("b: %v, want waiting", st)
+		}
+	}
+	if st, wanted := l.Take("a", now, TurnLease, TurnClaim); st != TurnServed || !wanted {
+		t.Fatalf("a again: %v wanted=%v, want served and wanted", st, wanted)
+	}
+	if len(l.Waiting) != 1 {
+		t.Fatalf("line %v, want b once", l.Waiting)
+	}
+}
+
+func TestHolderPassedOverCannotHandOnTheNextTurn(t *testing.T) {
+	var l TurnLine
+	now := time.Unix(0, 0)
+	l.Take("late", now, TurnLease, TurnClaim)
+	l.Take("next", now, TurnLease, TurnClaim)
+	l.Take("after", now, TurnLease, TurnClaim)
 	now = now.Add(TurnLease + time.Millisecond)
-	if st := l.Claim(next, now, TurnLease, TurnClaim); st != TicketServed {
+	if st, _ := l.Claim("next", now, TurnLease, TurnClaim); st != TurnServed {
 		t.Fatalf("next after the lease ran out: %v, want served", st)
 	}
-	if l.Renew(late, now, TurnLease) {
+	if held, _ := l.Renew("late", now, TurnLease); held {
 		t.Fatal("the late holder renewed a lease it had lost")
 	}
-	l.Release(late, now, TurnClaim)
-	if st := l.Claim(after, now, TurnLease, TurnClaim); st != TicketWaiting {
+	l.Release("late", now, TurnClaim)
+	if st, _ := l.Claim("after", now, TurnLease, TurnClaim); st != TurnWaiting {
 		t.Fatalf("after the late holder's release: %v, want still waiting behind next", st)
 	}
 }
 
-func TestWithdrawnTicketIsSkipped(t *testing.T) {
-	var l TicketLine
+func TestWithdrawnAskIsSkipped(t *testing.T) {
+	var l TurnLine
 	now := time.Unix(0, 0)
-	a, _ := l.Take(now, TurnLease, TurnClaim)
-	gone, _ := l.Take(now, TurnLease, TurnClaim)
-	c, _ := l.Take(now, TurnLease, TurnClaim)
-	l.Release(gone, now, TurnClaim)
-	if !l.Release(a, now, TurnClaim) {
-		t.Fatal("release of the served ticket handed on nothing")
+	l.Take("a", now, TurnLease, TurnClaim)
+	l.Take("gone", now, TurnLease, TurnClaim)
+	l.Take("c", now, TurnLease, TurnClaim)
+	l.Release("gone", now, TurnClaim)
+	if !l.Release("a", now, TurnClaim) {
+		t.Fatal("release of the holder handed on nothing")
 	}
-	if st := l.Claim(c, now, TurnLease, TurnClaim); st != TicketServed {
-		t.Fatalf("ticket after a withdrawn one: %v, want served", st)
-	}
-	if len(l.Withdrawn) != 0 {
-		t.Fatalf("withdrawn marks left behind: %v", l.Withdrawn)
+	if st, _ := l.Claim("c", now, TurnLease, TurnClaim); st != TurnServed {
+		t.Fatalf("ask after a withdrawn one: %v, want served", st)
 	}
 }
 
-func TestUnclaimedTurnIsPassedOverAndItsWaiterTakesANewTicket(t *testing.T) {
-	var l TicketLine
+func TestUnclaimedTurnIsPassedOverAndItsAskerAsksAgain(t *testing.T) {
+	var l TurnLine
 	now := time.Unix(0, 0)
-	a, _ := l.Take(now, TurnLease, TurnClaim)
-	slow, _ := l.Take(now, TurnLease, TurnClaim)
-	l.Release(a, now, TurnClaim)
+	l.Take("a", now, TurnLease, TurnClaim)
+	l.Take("slow", now, TurnLease, TurnClaim)
+	l.Release("a", now, TurnClaim)
 	now = now.Add(TurnClaim + time.Millisecond)
-	if st := l.Claim(slow, now, TurnLease, TurnClaim); st != TicketPassedOver {
+	if st, _ := l.Claim("slow", now, TurnLease, TurnClaim); st != TurnPassedOver {
 		t.Fatalf("claim after the window: %v, want passed over", st)
 	}
-	if n, st := l.Take(now, TurnLease, TurnClaim); st != TicketServed {
-		t.Fatalf("new ticket %d: %v, want served (the turn is free)", n, st)
+	if st, _ := l.Take("slow again", now, TurnLease, TurnClaim); st != TurnServed {
+		t.Fatalf("new ask: %v, want served (the turn is free)", st)
 	}
 }
 
-func TestLostLineMakesWaitersTakeNewTickets(t *testing.T) {
-	var l TicketLine // the engine restarted empty
-	if st := l.Claim(7, time.Unix(0, 0), TurnLease, TurnClaim); st != TicketPassedOver {
-		t.Fatalf("unknown ticket: %v, want passed over", st)
+func TestLostLineIsTakenUpAgainByItsHolderOnly(t *testing.T) {
+	var l TurnLine // the engine restarted empty
+	if st, _ := l.Claim("waiter", time.Unix(0, 0), TurnLease, TurnClaim); st != TurnPassedOver {
+		t.Fatalf("unknown asker: %v, want passed over", st)
 	}
-	if l.Release(5, time.Unix(0, 0), TurnClaim) {
-		t.Fatal("release of an unknown ticket handed on a turn")
+	if l.Release("old", time.Unix(0, 0), TurnClaim) {
+		t.Fatal("release of an unknown token handed on a turn")
+	}
+	var lost TurnLine
+	if held, _ := lost.Renew("holder", time.Unix(0, 0), TurnLease); !held {
+		t.Fatal("the holder's renewal did not take up its lost line")
+	}
+	if st, _ := lost.Take("other", time.Unix(0, 0), TurnLease, TurnClaim); st != TurnWaiting {
+		t.Fatalf("another ask on the line taken up again: %v, want waiting", st)
+	}
+	freed := TurnLine{}
+	freed.Take("a", time.Unix(0, 0), TurnLease, TurnClaim)
+	freed.Release("a", time.Unix(1, 0), TurnClaim)
+	if held, _ := freed.Renew("a", time.Unix(1, 0), TurnLease); held {
+		t.Fatal("a late renewal took up a line its holder had released")
 	}
 }
 
@@ -318,8 +562,8 @@ func TestEngineDownLetsTheRequestGoInThisInstancesOrder(t *testing.T) {
 	openSession(t, turns, "s")
 	turns.setFail(errStoreDown)
 	r := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
-	if r.err != nil || r.turn.cluster != nil {
-		t.Fatalf("err=%v cluster=%v, want a turn here only", r.err, r.turn.cluster)
+	if r.err != nil || r.turn.grant != nil {
+		t.Fatalf("err=%v grant=%v, want a turn here only", r.err, r.turn.grant)
 	}
 	queued := acquireAsync(t, tabs[0], bg, "s", 0)
 	mustWait(t, queued) // this instance's order still holds
@@ -327,12 +571,12 @@ func TestEngineDownLetsTheRequestGoInThisInstancesOrder(t *testing.T) {
 	mustGet(t, queued).turn.Done(200)
 }
 
-func TestClusterTurnWaitEndsAtQueueTimeoutAndWithdrawsTheTicket(t *testing.T) {
+func TestClusterTurnWaitEndsAtQueueTimeoutAndWithdrawsTheAsk(t *testing.T) {
 	tabs, turns, clock := newCluster(t, 2, true)
 	openSession(t, turns, "s")
 	long := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
 	gaveUp := acquireInBackground(tabs[1], "s")
-	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
+	eventually(t, func() bool { return turns.countOf("take", "s") == 2 })
 	for range 40 {
 		clock.Advance(Defaults().QueueTimeout / 20) // renewals keep the long turn
 		if len(gaveUp) > 0 {
@@ -343,14 +587,8 @@ func TestClusterTurnWaitEndsAtQueueTimeoutAndWithdrawsTheTicket(t *testing.T) {
 	if r := mustGet(t, gaveUp); !errors.Is(r.err, ErrQueueTimeout) {
 		t.Fatalf("err = %v, want ErrQueueTimeout", r.err)
 	}
-	next := acquireInBackground(tabs[1], "s")
-	eventually(t, func() bool { return ticketsTaken(turns, "s") == 3 })
+	eventually(t, func() bool { return len(turns.line("s").Waiting) == 0 })
 	long.turn.Done(200)
-	r := mustGet(t, next) // not held behind the withdrawn ticket
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	r.turn.Done(200)
 }
 
 func TestRepliesAreNotOrderedAcrossInstances(t *testing.T) {
@@ -358,11 +596,54 @@ func TestRepliesAreNotOrderedAcrossInstances(t *testing.T) {
 	openSession(t, turns, "s")
 	stream := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
 	reply := mustGet(t, acquireAsync(t, tabs[1], bg, "s", RepliesOnly))
-	if reply.err != nil || reply.turn.cluster != nil {
-		t.Fatalf("reply: err=%v cluster=%v, want a turn without a ticket", reply.err, reply.turn.cluster)
+	if reply.err != nil || reply.turn.grant != nil {
+		t.Fatalf("reply: err=%v grant=%v, want a turn without the cluster turn", reply.err, reply.turn.grant)
 	}
 	reply.turn.Done(202)
 	stream.turn.Done(200)
+}
+
+func TestRepliesOvertakeARequestWaitingForItsClusterTurn(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	// A plain JSON exchange holds the cluster turn on A; on B a request
+	// waits for it in B's slot, and then the reply A's exchange needs
+	// reaches B.
+	sampling := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
+	waiting := acquireInBackground(tabs[1], "s")
+	eventually(t, func() bool { return len(turns.line("s").Waiting) == 1 })
+	reply := mustGet(t, acquireAsync(t, tabs[1], bg, "s", RepliesOnly))
+	if reply.err != nil || !reply.turn.Overtook() {
+		t.Fatalf("reply: err=%v overtook=%v, want it to go at once", reply.err, reply.turn.Overtook())
+	}
+	reply.turn.Done(202)
+	sampling.turn.Done(200)
+	mustGet(t, waiting).turn.Done(200)
+}
+
+func TestWithoutAnnouncementsTheTurnIsHandedOnAfterEveryExchange(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 1, false)
+	openSession(t, turns, "s")
+	for range 3 {
+		mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0)).turn.Done(200)
+	}
+	if takes, releases := turns.countOf("take", "s"), turns.countOf("release", "s"); takes != 3 || releases != 3 {
+		t.Fatalf("%d asks and %d releases for 3 requests, want 3 and 3: a holder that cannot hear an ask keeps no turn", takes, releases)
+	}
+}
+
+func TestClusterTurnsNeedAStoreTimeoutThatLeavesRoomToRenew(t *testing.T) {
+	cfg := Defaults()
+	turns := newMemTurns(newFakeClock(), true)
+	cfg.Store, cfg.Turns = turns, turns
+	cfg.StoreTimeout = MaxTurnStoreTimeout + time.Millisecond
+	if err := cfg.Validate(); err == nil {
+		t.Fatalf("store timeout %s with cluster turns accepted", cfg.StoreTimeout)
+	}
+	cfg.StoreTimeout = MaxTurnStoreTimeout
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestGateOpenedElsewhereReleasesHeldRequestsWhenAnnounced(t *testing.T) {
@@ -466,11 +747,11 @@ type blockingWatcher struct {
 	*memTurns
 	delivering chan struct{}
 	mu         sync.Mutex
-	changed    func(string)
+	changed    func(string, string)
 	stopped    chan struct{}
 }
 
-func (b *blockingWatcher) Watch(changed func(string)) func() {
+func (b *blockingWatcher) Watch(changed func(string, string)) func() {
 	b.mu.Lock()
 	b.changed = changed
 	b.stopped = make(chan struct{})
@@ -484,26 +765,8 @@ func (b *blockingWatcher) deliver(key string) {
 	b.mu.Unlock()
 	close(b.delivering)
 	time.Sleep(10 * time.Millisecond) // let Configure start stopping the watch
-	changed(key)
+	changed(key, "")
 	close(stopped)
-}
-
-func TestLineStartedAgainNeverGivesOutAnOldTicketsNumber(t *testing.T) {
-	now := time.Unix(1_700_000_000, 0)
-	var old TicketLine
-	served, _ := old.Take(now, TurnLease, TurnClaim)
-	waiting, _ := old.Take(now, TurnLease, TurnClaim)
-	var fresh TicketLine // the engine restarted empty a moment later
-	later := now.Add(50 * time.Millisecond)
-	for range 3 {
-		n, _ := fresh.Take(later, TurnLease, TurnClaim)
-		if n == served || n == waiting {
-			t.Fatalf("the new line gave out %d, a number the old line's tickets hold", n)
-		}
-	}
-	if st := fresh.Claim(waiting, later, TurnLease, TurnClaim); st != TicketPassedOver {
-		t.Fatalf("old waiting ticket on the new line: %v, want passed over", st)
-	}
 }
 
 func TestHeldRequestGoesWhenTheRecordIsLost(t *testing.T) {
@@ -552,8 +815,11 @@ func TestReportedWaitIncludesTheClusterTurn(t *testing.T) {
 	openSession(t, turns, "s")
 	first := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0))
 	second := acquireInBackground(tabs[1], "s")
-	eventually(t, func() bool { return ticketsTaken(turns, "s") == 2 })
-	clock.Advance(3 * time.Second) // renewals keep the first turn
+	eventually(t, func() bool { return turns.countOf("take", "s") == 2 })
+	for range 6 { // renewals keep the first turn
+		clock.Advance(500 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
 	first.turn.Done(200)
 	mustGet(t, second).turn.Done(200)
 	events.mu.Lock()
@@ -602,7 +868,7 @@ func TestKeyedRequestsTakeClusterTurnsAcrossInstances(t *testing.T) {
 		turn, err := tabs[1].AcquireKeyed(bg, "key cart", 0)
 		second <- result{turn, err}
 	}()
-	eventually(t, func() bool { return ticketsTaken(turns, "key cart") == 2 })
+	eventually(t, func() bool { return turns.countOf("take", "key cart") == 2 })
 	mustWait(t, second)
 	first.Done(200)
 	r := mustGet(t, second)
