@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
@@ -185,5 +187,83 @@ func eventuallyTrueB(b *testing.B, cond func() bool) {
 	deadline := time.Now().Add(5 * time.Second)
 	for !cond() && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Redis 7 and Valkey give a new ACL user no channel (acl-pubsub-default
+// resetchannels). Such a user's turns still move between instances by
+// reading, each at once rather than when a lease runs out, and the
+// refusal is logged once, with the ACL line that grants the channel.
+func TestClusterTurnsMoveWithoutChannelRights(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "mcp", "on", ">pw", "resetchannels", "~mcp_serializer:*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}, "username": "mcp", "password": "pw", "timeout": "1s"}).(*RedisState)
+	core, logs := observer.New(zap.WarnLevel)
+	eng.logger = zap.New(core)
+	var tabs []*serializer.Table
+	for range 2 {
+		shared := newSharedState(eng, time.Hour, zap.NewNop())
+		cluster := newClusterState(shared, eng)
+		cfg := serializer.Defaults()
+		cfg.Store, cfg.Turns, cfg.StoreTimeout = cluster, cluster, eng.CallTimeout()
+		tab := serializer.NewTable(cfg)
+		t.Cleanup(tab.Close)
+		tabs = append(tabs, tab)
+	}
+	eventuallyTrue(t, "the refused subscription is logged", func() bool { return logs.Len() > 0 })
+	for i := range 20 { // round robin
+		actx, cancel := context.WithTimeout(ctx, serializer.TurnLease/2)
+		turn, err := tabs[i%2].Acquire(actx, "s", 0)
+		cancel()
+		if err != nil {
+			t.Fatalf("request %d: %v (waited for a lease to run out?)", i, err)
+		}
+		if !turn.Clustered() {
+			t.Fatalf("request %d went without the cluster turn", i)
+		}
+		turn.Done(200)
+	}
+	// A request that asks while another instance's exchange runs waits in
+	// line (its announcement refused), and is handed the turn at its end.
+	for i := range 5 {
+		held, err := tabs[0].Acquire(ctx, "s", 0)
+		if err != nil || !held.Clustered() {
+			t.Fatalf("holder %d: err=%v clustered=%v", i, err, held.Clustered())
+		}
+		asked := make(chan serializer.Turn, 1)
+		go func() {
+			actx, cancel := context.WithTimeout(ctx, serializer.TurnLease/2)
+			defer cancel()
+			turn, err := tabs[1].Acquire(actx, "s", 0)
+			if err != nil {
+				t.Errorf("asker %d: %v", i, err)
+			}
+			asked <- turn
+		}()
+		time.Sleep(20 * time.Millisecond) // it asks, and waits
+		held.Done(200)
+		turn := <-asked
+		if !turn.Clustered() {
+			t.Fatalf("asker %d went without the cluster turn", i)
+		}
+		turn.Done(200)
+	}
+	if eng.Announcing() {
+		t.Fatal("the engine says its announcements work")
+	}
+	warns := logs.FilterMessageSnippet("refuses this user the announcement channel").All()
+	if len(warns) != 1 {
+		t.Fatalf("%d WARNs about the channel, want 1: %v", len(warns), logs.All())
+	}
+	if acl := warns[0].ContextMap()["acl"]; acl != "ACL SETUSER <user> resetchannels &mcp_serializer:changed" {
+		t.Fatalf("WARN gives the ACL line %q", acl)
+	}
+	if n := logs.Len(); n != 1 {
+		t.Fatalf("%d WARNs, want only the channel's: %v", n, logs.All())
 	}
 }
