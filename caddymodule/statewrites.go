@@ -134,8 +134,9 @@ func (s *sharedState) enqueue(w *stateWrite) {
 
 // queue sends w through the engine's batches with nobody waiting for
 // it: the serializer.WriteQueue writes. A failure is counted and logged
-// when the engine answers; with no slot free, at once, and w is dropped.
-// False, without w, when the engine takes no batches.
+// when the engine answers. False, without w, when the engine takes no
+// batches or no slot is free: the table then sends it itself, and tries
+// again if it fails.
 func (s *sharedState) queue(id string, w *stateWrite) bool {
 	if s.batch == nil {
 		return false
@@ -143,11 +144,7 @@ func (s *sharedState) queue(id string, w *stateWrite) bool {
 	select {
 	case s.slots <- struct{}{}:
 	default:
-		if w.after != nil {
-			w.after()
-		}
-		s.failed(w.op, id, errStateBusy)
-		return true
+		return false
 	}
 	w.id = id
 	s.enqueue(w)

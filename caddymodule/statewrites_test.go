@@ -250,6 +250,32 @@ func TestAdapterRefusesAWriteWhenEveryCallSlotIsTaken(t *testing.T) {
 	}
 }
 
+// A write the table queues with nobody waiting is handed back, not
+// dropped, when every call slot is taken: the table then sends it itself
+// and tries again if that fails.
+func TestAdapterHandsAQueuedWriteBackWhenEveryCallSlotIsTaken(t *testing.T) {
+	eng := newBatchingEngine(10 * time.Second)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	errs := make(chan error, maxStateCallsInFlight)
+	go func() { errs <- store.Opened(ctx, "first") }()
+	eng.awaitBatch(t)
+	for i := range maxStateCallsInFlight - 1 {
+		go func() { errs <- store.Touch(ctx, strconv.Itoa(i)) }()
+	}
+	eventuallyTrue(t, "every slot taken", func() bool { return queued(store) == maxStateCallsInFlight-1 })
+	counter := metrics.stateErrors.WithLabelValues("opened")
+	before := testutil.ToFloat64(counter)
+	if store.QueueOpened("s") {
+		t.Fatal("QueueOpened took a write with no slot free")
+	}
+	if n := testutil.ToFloat64(counter); n != before {
+		t.Fatalf("a write handed back was counted as failed (%v)", n-before)
+	}
+	close(eng.holdFirst)
+	awaitAll(t, errs, maxStateCallsInFlight)
+}
+
 // The scripts go by their SHA; a server that lost them (restarted, or
 // SCRIPT FLUSH) gets them again, within the same call.
 func TestRedisWritesLoadTheScriptsTheServerLost(t *testing.T) {

@@ -52,8 +52,11 @@ func (s *Session) record(op storeOp) {
 	}
 }
 
-// sendWrites sends s's queued writes until none is left.
+// sendWrites sends s's queued writes until none is left. A write that
+// fails is tried again after a pause, up to writeTries times: a lost
+// Opened would leave the session gated on the other instances.
 func (s *Session) sendWrites() {
+	failures := 0
 	for {
 		s.mu.Lock()
 		if len(s.writes) == 0 {
@@ -69,17 +72,46 @@ func (s *Session) sendWrites() {
 		if cfg.Store == nil {
 			continue // a reload turned the store off
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), cfg.StoreTimeout)
-		switch op {
-		case opInitializeEnded:
-			_ = cfg.Store.InitializeEnded(ctx, s.id)
-		case opOpened:
-			_ = cfg.Store.Opened(ctx, s.id)
-		case opForget:
-			_ = cfg.Store.Forget(ctx, s.id)
+		if err := sendWrite(cfg, s.id, op); err == nil {
+			failures = 0
+			continue
 		}
-		cancel()
+		if failures++; failures == writeTries {
+			failures = 0 // given up; the store counted each failure
+			continue
+		}
+		s.mu.Lock()
+		s.writes = append(s.writes, op) // the strongest of them goes next
+		s.mu.Unlock()
+		if !s.table.sleep(writeRetryPause << (failures - 1)) {
+			s.mu.Lock()
+			s.writing = false
+			s.mu.Unlock()
+			return
+		}
 	}
+}
+
+// writeTries and writeRetryPause bound the attempts at one write: the
+// pauses double, 100 ms to 800 ms.
+const (
+	writeTries      = 5
+	writeRetryPause = 100 * time.Millisecond
+)
+
+// sendWrite sends one write to the Store.
+func sendWrite(cfg *Config, id string, op storeOp) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.StoreTimeout)
+	defer cancel()
+	switch op {
+	case opInitializeEnded:
+		return cfg.Store.InitializeEnded(ctx, id)
+	case opOpened:
+		return cfg.Store.Opened(ctx, id)
+	case opForget:
+		return cfg.Store.Forget(ctx, id)
+	}
+	return nil
 }
 
 // lookupRecord asks the store for id's record, bounded by StoreTimeout

@@ -718,3 +718,44 @@ func TestSessionEndedElsewhereTimesOutQuietlyOnItsCreator(t *testing.T) {
 		t.Fatalf("the creator reported %d gate timeouts for a session that ended elsewhere", n)
 	}
 }
+
+// A session's Opened that the store fails (an engine with no call slot
+// free, a dropped connection) is sent again: otherwise the other instances
+// would keep its gate closed until init_timeout, and reject its requests
+// with on_init_timeout reject.
+func TestFailedOpenedIsSentAgainAfterAPause(t *testing.T) {
+	store := newFakeStore()
+	tabs, clock := newInstances(t, 1, store, nil)
+	initialize, _ := tabs[0].Begin("s", nil)
+	initialize.Done(200)
+	eventually(t, func() bool { rec, _ := store.record("s"); return !rec.InitializeInFlight })
+	store.mu.Lock()
+	store.fail = errStoreDown
+	store.mu.Unlock()
+	mustGet(t, acquireAsync(t, tabs[0], bg, "s", CarriesInitialized)).turn.Done(202)
+	eventually(t, func() bool { return store.count("Opened") == 1 })
+	store.mu.Lock()
+	store.fail = nil
+	store.mu.Unlock()
+	clock.Advance(writeRetryPause)
+	eventually(t, func() bool { rec, _ := store.record("s"); return rec.Open })
+}
+
+func TestFailingWriteIsTriedABoundedNumberOfTimes(t *testing.T) {
+	store := newFakeStore()
+	tabs, clock := newInstances(t, 1, store, nil)
+	initialize, _ := tabs[0].Begin("s", nil)
+	store.mu.Lock()
+	store.fail = errStoreDown
+	store.mu.Unlock()
+	initialize.Done(200)
+	for range 20 {
+		clock.Advance(writeRetryPause << writeTries)
+		time.Sleep(time.Millisecond)
+	}
+	eventually(t, func() bool { return store.count("InitializeEnded") == writeTries })
+	time.Sleep(20 * time.Millisecond)
+	if n := store.count("InitializeEnded"); n != writeTries {
+		t.Fatalf("%d attempts, want %d", n, writeTries)
+	}
+}
