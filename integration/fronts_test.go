@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -25,16 +26,18 @@ type frontRun struct {
 	// GateTimeouts is caddy_mcp_serializer_gate_timeouts_total over the
 	// instances, read right after the run.
 	GateTimeouts float64
+	Cluster      *cluster
 }
 
 // Three instances (mcp_serializer + php_fastcgi, one shared PHP session
 // store, `state redis`) behind each front, Caddy, nginx and HAProxy, hashing
 // Mcp-Session-Id or round robin: the SDK client's pipelined connects see no
 // failure and none waits out init_timeout, and a tool's progress events
-// stream through the front ahead of its result. The hashing fronts run the
-// instances with the default `order local`, the round-robin ones with
-// `order cluster`. Each front's elapsed time is logged beside the run behind
-// the hashing Caddy front, which runs first.
+// stream through the front ahead of its result. Every front runs the
+// instances with the default `order` (cluster, with state redis), and one
+// round-robin front also with `order cluster` written out. Each front's
+// elapsed time is logged beside the run behind the hashing Caddy front,
+// which runs first.
 func TestClusterBehindEachFront(t *testing.T) {
 	prerequisites(t)
 	requireModule(t, redisStateModule)
@@ -42,13 +45,18 @@ func TestClusterBehindEachFront(t *testing.T) {
 	n := clusterN(t, frontsN)
 	hashing := runBehindFront(t, clusterOptions{Balancer: caddyHeaderHash}, n, nil)
 	for _, opts := range []clusterOptions{
-		{Balancer: caddyRoundRobin, Order: "cluster"},
+		{Balancer: caddyRoundRobin},
 		{Balancer: nginxHash},
-		{Balancer: nginxRoundRobin, Order: "cluster"},
+		{Balancer: nginxRoundRobin},
 		{Balancer: haproxyHash},
+		{Balancer: haproxyRoundRobin},
 		{Balancer: haproxyRoundRobin, Order: "cluster"},
 	} {
-		t.Run(opts.Balancer.String(), func(t *testing.T) {
+		name := opts.Balancer.String()
+		if opts.Order != "" {
+			name += "_order_" + opts.Order
+		}
+		t.Run(name, func(t *testing.T) {
 			runBehindFront(t, opts, n, &hashing)
 		})
 	}
@@ -59,13 +67,15 @@ func TestClusterBehindEachFront(t *testing.T) {
 // the figures, with the ratio to base when given.
 func runBehindFront(t *testing.T, opts clusterOptions, n int, base *frontRun) frontRun {
 	t.Helper()
-	opts.State = redisState(startRedis(t))
+	if opts.State == "" {
+		opts.State = redisState(startRedis(t))
+	}
 	c := startCluster(t, opts)
 	label := opts.Balancer.String()
 	if opts.Order != "" {
 		label += ", order " + opts.Order
 	}
-	run := frontRun{Front: opts.Balancer, Res: runPipeline(t, c, label, n)}
+	run := frontRun{Front: opts.Balancer, Res: runPipeline(t, c, label, n), Cluster: c}
 	if len(run.Res.ConnectMs) != run.Res.ConnectTimed {
 		t.Fatalf("the client timed %d connects but reported %d durations", run.Res.ConnectTimed, len(run.Res.ConnectMs))
 	}
@@ -89,6 +99,31 @@ func runBehindFront(t *testing.T, opts clusterOptions, n int, base *frontRun) fr
 	}
 	wantStreamedProgress(t, c.Front+"/mcp")
 	return run
+}
+
+// Redis 7 and Valkey give a new ACL user no channel (acl-pubsub-default
+// resetchannels), so the instances can neither announce nor hear a turn's
+// hand-on. Behind round robin they still serve every session by reading
+// the turn's line: no failure, no connect held until init_timeout, and
+// one WARN per instance naming the ACL line to grant.
+func TestClusterBehindRoundRobinWithAnACLUserWithoutChannels(t *testing.T) {
+	prerequisites(t)
+	requireModule(t, redisStateModule)
+	r := startRedis(t)
+	if reply, err := redisCommand(r.Addr, "ACL", "SETUSER", "mcp", "on", ">secret", "resetchannels", "~mcp_serializer:*", "+@all"); err != nil || reply != "OK" {
+		t.Fatalf("ACL SETUSER: %q, %v", reply, err)
+	}
+	state := "state redis {\n\taddress " + r.Addr + "\n\tusername mcp\n\tpassword secret\n}"
+	run := runBehindFront(t, clusterOptions{Balancer: caddyRoundRobin, State: state}, clusterN(t, 200), nil)
+	for _, in := range run.Cluster.Instances {
+		log, err := os.ReadFile(in.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(string(log), "refuses this user the announcement channel"); n != 1 {
+			t.Errorf("%s logged the refused channel %d times, want once", in.Name, n)
+		}
+	}
 }
 
 // stallMark is how long a connect lasts when one of its follow-ups was held
