@@ -466,3 +466,27 @@ func TestKeyedRequestsRunOneAtATimeWithoutAGateOrALookup(t *testing.T) {
 		t.Fatalf("%d store calls for keyed requests, want none", n)
 	}
 }
+
+// A 404 ends a session, but a key has no session upstream to end: its
+// queue goes on, so that a request arriving after the 404 still waits
+// behind the ones queued before it.
+func TestA404LeavesAKeysQueueWhole(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	acquire := func() <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			turn, err := tab.AcquireKeyed(bg, "key cart", 0)
+			ch <- result{turn, err}
+		}()
+		return ch
+	}
+	first := mustGet(t, acquire())
+	second := acquire()
+	eventually(t, func() bool { return waitingCount(tab, "key cart") == 1 })
+	first.turn.Done(404)
+	r := mustGet(t, second)
+	third := acquire()
+	mustWait(t, third) // behind the second, not in a queue of its own
+	r.turn.Done(200)
+	mustGet(t, third).turn.Done(200)
+}
