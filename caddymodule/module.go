@@ -181,6 +181,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	pooled := val.(pooledTable)
 	h.table, h.applied = pooled.Table, pooled.applied
+	h.applied.provisioned(h.generation, cfg)
 	return nil
 }
 
@@ -192,6 +193,41 @@ var provisions atomic.Uint64
 type appliedSettings struct {
 	mu         sync.Mutex // one Configure at a time
 	generation atomic.Uint64
+	// The settings of the table's handlers provisioned and not yet
+	// cleaned up, by generation. Guarded by mu.
+	live map[uint64]serializer.Config
+}
+
+func (a *appliedSettings) provisioned(generation uint64, cfg serializer.Config) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.live == nil {
+		a.live = map[uint64]serializer.Config{}
+	}
+	a.live[generation] = cfg
+}
+
+// cleanedUp forgets a handler's settings. If the table runs with them,
+// the config being stopped was the running one, and Caddy stops it only
+// once its successor runs: the newest settings still live go to the
+// table now, so that its background work (record refreshes, lookups at
+// init_timeout, turns handed on) stops using an engine that is closing,
+// even if the new config has not served a request yet.
+func (a *appliedSettings) cleanedUp(table *serializer.Table, generation uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.live, generation)
+	if a.generation.Load() != generation {
+		return
+	}
+	newest := uint64(0)
+	for g := range a.live {
+		newest = max(newest, g)
+	}
+	if newest > generation {
+		table.Configure(a.live[newest])
+		a.generation.Store(newest)
+	}
 }
 
 // applySettings gives the table this handler's settings if they are newer
@@ -279,6 +315,7 @@ func (h *Handler) Cleanup() error {
 	if h.table == nil {
 		return nil // provisioning failed before the table was taken
 	}
+	h.applied.cleanedUp(h.table, h.generation)
 	_, err := tables.Delete(h.poolKey)
 	return err
 }

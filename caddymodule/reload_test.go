@@ -9,12 +9,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/caddymodule"
 	"github.com/mcpserializer/caddy-mcp-serializer/integration/mcpstub"
 )
 
@@ -367,4 +369,49 @@ func TestRefusedConfigLeavesTheLiveTableSettingsAlone(t *testing.T) {
 	if got, want := strings.Join(up.labels(), " "), "initialize#1"; got != want {
 		t.Fatalf("upstream saw %q, want %q", got, want)
 	}
+}
+
+// A reload that moves the state to another Redis hands the session table
+// the new engine when the old config stops, not with the new config's
+// first request: a gate that times out in between is checked in the new
+// engine, never through the old config's closed client.
+func TestReloadHandsBackgroundWorkTheNewEngineBeforeAnyRequest(t *testing.T) {
+	const sid = "state-moved"
+	first, second := caddymodule.StartRedis(t), caddymodule.StartRedis(t)
+	_, addr := newUpstream(t, mcpAnswer(sid, nil))
+	site := func(redis string) string {
+		return "metrics /metrics\nmcp_serializer {\n\tinit_timeout 500ms\n\tstate redis " + redis + "\n}\nreverse_proxy " + addr
+	}
+	c := startCaddy(t, site(first))
+	initialize(t, c, sid) // gated, its init_timeout running
+	before := stateErrors(t, c)
+	c.reload(t, site(second))
+	time.Sleep(time.Second) // init_timeout passes with no request served
+	after := stateErrors(t, c)
+	for op, n := range after {
+		if n != before[op] {
+			t.Errorf("after the reload: %v more state_errors_total%s", n-before[op], op)
+		}
+	}
+}
+
+// stateErrors reads caddy_mcp_serializer_state_errors_total by label from
+// the site's /metrics (the counters are the process's, shared by tests).
+func stateErrors(t *testing.T, c *testCaddy) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(c.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	errs := map[string]float64{}
+	for _, line := range strings.Split(string(text), "\n") {
+		if rest, ok := strings.CutPrefix(line, "caddy_mcp_serializer_state_errors_total"); ok {
+			label, value, _ := strings.Cut(rest, " ")
+			n, _ := strconv.ParseFloat(value, 64)
+			errs[label] = n
+		}
+	}
+	return errs
 }
