@@ -238,7 +238,7 @@ func (r *RedisState) warnRefused(what string) {
 	r.logger.Warn("Redis refuses this user the announcement channel; cluster turns work on by reading, "+
 		"handing each session's turn on after every exchange (grant the channel to make them free on a sticky front)",
 		zap.String("refused", what), zap.String("channel", r.changedChannel()),
-		zap.String("acl", "ACL SETUSER <user> resetchannels &"+r.changedChannel()))
+		zap.String("acl", "ACL SETUSER <user> &"+r.changedChannel()))
 }
 
 // Watch calls changed for every announcement until stop. A subscription
