@@ -49,9 +49,9 @@ func TestExampleCaddyfilesAdapt(t *testing.T) {
 }
 
 // The cluster example's Caddyfiles adapt: each instance runs mcp_serializer
-// with the shared state in Redis before its reverse_proxy, order local
-// unless ORDER=cluster, and the front hashes Mcp-Session-Id over the
-// instances unless FRONT_POLICY=round_robin.
+// with the shared state in Redis before its reverse_proxy and the default
+// order (cluster, whatever the front), and the front hashes Mcp-Session-Id
+// over the instances unless FRONT_POLICY=round_robin.
 func TestClusterExampleCaddyfilesAdapt(t *testing.T) {
 	dir := filepath.Join(repoRoot(t), "examples", "cluster")
 	instance := caddyAdapt(t, filepath.Join(dir, "instance.Caddyfile"))
@@ -63,17 +63,14 @@ func TestClusterExampleCaddyfilesAdapt(t *testing.T) {
 	if !strings.Contains(instance, `"module":"redis"`) || !strings.Contains(instance, `"127.0.0.1:6379"`) {
 		t.Errorf("instance.Caddyfile: want state redis on 127.0.0.1:6379 by default:\n%s", instance)
 	}
-	if !strings.Contains(instance, `"order":"local"`) {
-		t.Errorf("instance.Caddyfile: want order local by default:\n%s", instance)
+	if strings.Contains(instance, `"order":`) {
+		t.Errorf("instance.Caddyfile: want the default order (cluster with state redis), not one written out:\n%s", instance)
 	}
 	if !strings.Contains(instance, `"listen":["127.0.0.1:8081"]`) || strings.Contains(instance, `"host":`) {
 		t.Errorf("instance.Caddyfile: want a site on 127.0.0.1:8081 by default that matches no host:\n%s", instance)
 	}
 	if moved := caddyAdapt(t, filepath.Join(dir, "instance.Caddyfile"), "INSTANCE_PORT=9443", "INSTANCE_BIND=10.0.0.5"); !strings.Contains(moved, `"listen":["10.0.0.5:9443"]`) {
 		t.Errorf("instance.Caddyfile with INSTANCE_PORT=9443 INSTANCE_BIND=10.0.0.5: want it listening on 10.0.0.5:9443:\n%s", moved)
-	}
-	if cluster := caddyAdapt(t, filepath.Join(dir, "instance.Caddyfile"), "ORDER=cluster"); !strings.Contains(cluster, `"order":"cluster"`) {
-		t.Errorf("instance.Caddyfile with ORDER=cluster: want order cluster:\n%s", cluster)
 	}
 	front := caddyAdapt(t, filepath.Join(dir, "front.Caddyfile"))
 	for _, want := range []string{`"policy":"header"`, `"field":"Mcp-Session-Id"`, `"flush_interval":-1`, `"dial":"127.0.0.1:8083"`} {
