@@ -165,12 +165,12 @@ func (s *Session) clusterTurn(ctx context.Context, traits Traits, arrival time.T
 	}
 	s.mu.Lock()
 	if g := s.clusterGrant; g != nil {
-		if g.usableBy(arrival, t.clock.Now()) {
+		if g.store == cfg.Turns && g.usableBy(arrival, t.clock.Now()) { // a reload may have moved the turns
 			s.useGrant(g)
 			s.mu.Unlock()
 			return g, nil
 		}
-		s.clusterGrant = nil // lapsing, or another instance asked before this request came
+		s.clusterGrant = nil // lapsing, asked for before this request came, or on another engine
 		go s.releaseGrant(g)
 	}
 	s.askingTurn, s.wantHeard = true, time.Time{}

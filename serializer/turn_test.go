@@ -880,3 +880,23 @@ func TestKeyedRequestsTakeClusterTurnsAcrossInstances(t *testing.T) {
 		t.Fatalf("%d lookups for a key, want none", n)
 	}
 }
+
+func TestTurnHeldOnAnEngineAReloadReplacedIsNotUsed(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 1, true)
+	tab := tabs[0]
+	openSession(t, turns, "s")
+	mustGet(t, acquireAsync(t, tab, bg, "s", 0)).turn.Done(200) // holds the turn on turns
+	other := newMemTurns(clock, true)
+	openSession(t, other, "s")
+	cfg := *tab.config()
+	cfg.Store, cfg.Turns = other, other
+	tab.Configure(cfg)
+	r := mustGet(t, acquireAsync(t, tab, bg, "s", 0))
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.turn.Done(200)
+	if n := other.countOf("take", "s"); n != 1 {
+		t.Fatalf("%d asks on the new engine, want 1: the turn held on the old one counts for nothing there", n)
+	}
+}
