@@ -82,6 +82,7 @@ func (t *Table) Close() {
 	}
 	t.unwatch()
 	t.closed.Wait()
+	t.handOnIdleTurns()
 }
 
 // Len returns the number of sessions tracked.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -429,3 +430,55 @@ func releaseTurn(store TurnStore, id, token string, timeout time.Duration) {
 		}
 	}
 }
+
+// handOnIdleTurns gives up the cluster turns the table holds with no
+// exchange running, for the instance is stopping: the sessions' next
+// requests elsewhere then need not wait for the leases to run out. It
+// takes at most twice StoreTimeout, however many there are.
+func (t *Table) handOnIdleTurns() {
+	type held struct {
+		s *Session
+		g *turnGrant
+	}
+	var turns []held
+	t.mu.Lock()
+	for _, s := range t.sessions {
+		s.mu.Lock()
+		if g := s.clusterGrant; g != nil && !g.inUse {
+			s.clusterGrant = nil
+			turns = append(turns, held{s, g})
+		}
+		s.mu.Unlock()
+	}
+	t.mu.Unlock()
+	if len(turns) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*t.config().StoreTimeout)
+	defer cancel()
+	work := make(chan held)
+	var wg sync.WaitGroup
+	for range min(len(turns), handOnWorkers) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for h := range work {
+				_ = h.g.store.ReleaseTurn(ctx, h.s.id, h.g.token, TurnClaim)
+			}
+		}()
+	}
+	for _, h := range turns {
+		if h.g.unwatch != nil {
+			h.g.unwatch()
+		}
+		select {
+		case work <- h:
+		case <-ctx.Done():
+		}
+	}
+	close(work)
+	wg.Wait()
+}
+
+// handOnWorkers bounds the calls handOnIdleTurns has in flight.
+const handOnWorkers = 32

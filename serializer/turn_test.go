@@ -900,3 +900,16 @@ func TestTurnHeldOnAnEngineAReloadReplacedIsNotUsed(t *testing.T) {
 		t.Fatalf("%d asks on the new engine, want 1: the turn held on the old one counts for nothing there", n)
 	}
 }
+
+func TestClosingTableHandsOnTheTurnsItHolds(t *testing.T) {
+	tabs, turns, _ := newCluster(t, 1, true)
+	openSession(t, turns, "s")
+	mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0)).turn.Done(200)
+	if h := turns.line("s").Holder; h == "" {
+		t.Fatal("the table does not hold the session's turn")
+	}
+	tabs[0].Close() // the instance stops
+	if h := turns.line("s").Holder; h != "" {
+		t.Fatalf("after Close the turn is still held by %q", h)
+	}
+}
