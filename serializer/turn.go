@@ -186,7 +186,9 @@ func (s *Session) clusterTurn(ctx context.Context, traits Traits, arrival time.T
 	s.mu.Lock()
 	s.askingTurn, s.askToken = false, ""
 	if g != nil {
-		if !s.wantHeard.IsZero() && (g.wantedAt.IsZero() || s.wantHeard.Before(g.wantedAt)) {
+		// Others wait behind it: the first ask heard while it waited may be
+		// theirs, and requests here since then go after them.
+		if !g.wantedAt.IsZero() && !s.wantHeard.IsZero() && s.wantHeard.Before(g.wantedAt) {
 			g.wantedAt = s.wantHeard
 		}
 		g.unwatch = t.awaitRemote(s) // to hear the next ask
@@ -262,10 +264,10 @@ func (s *Session) askTurn(ctx context.Context, cfg *Config, deadline time.Time) 
 }
 
 // usableBy reports whether a request that arrived at arrival may run
-// under g: its lease has room for an exchange, and nobody asked for the
-// turn before the request came.
+// under g: its lease leaves time to renew it before the exchange would
+// have to stop, and nobody asked for the turn before the request came.
 func (g *turnGrant) usableBy(arrival, now time.Time) bool {
-	return !g.lost && now.Before(g.deadline.Add(-TurnMargin)) &&
+	return !g.lost && now.Before(g.deadline.Add(-2*TurnMargin)) &&
 		(g.wantedAt.IsZero() || !arrival.After(g.wantedAt))
 }
 
