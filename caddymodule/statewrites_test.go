@@ -225,21 +225,29 @@ func TestAdapterSendersEndOnceNoWritesCome(t *testing.T) {
 	})
 }
 
-// Writes queued behind a hung exchange hold their slots: once all are
-// taken the next write fails at once, without queueing.
-func TestAdapterRefusesAWriteWhenEveryCallSlotIsTaken(t *testing.T) {
-	eng := newBatchingEngine(10 * time.Second)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
+// takeEverySlot fills the adapter's call slots: one write hung in the
+// engine's first batch, the others queued behind it. Their answers come
+// on the channel once the test closes eng.holdFirst.
+func takeEverySlot(t *testing.T, eng *batchingEngine, store *sharedState) <-chan error {
+	t.Helper()
 	ctx := context.Background()
 	errs := make(chan error, maxStateCallsInFlight)
-
 	go func() { errs <- store.Opened(ctx, "first") }()
 	eng.awaitBatch(t)
 	for i := range maxStateCallsInFlight - 1 {
 		go func() { errs <- store.Touch(ctx, strconv.Itoa(i)) }()
 	}
 	eventuallyTrue(t, "every slot taken", func() bool { return queued(store) == maxStateCallsInFlight-1 })
-	if err := store.Touch(ctx, "one too many"); !errors.Is(err, errStateBusy) {
+	return errs
+}
+
+// Writes queued behind a hung exchange hold their slots: once all are
+// taken the next write fails at once, without queueing.
+func TestAdapterRefusesAWriteWhenEveryCallSlotIsTaken(t *testing.T) {
+	eng := newBatchingEngine(10 * time.Second)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	errs := takeEverySlot(t, eng, store)
+	if err := store.Touch(context.Background(), "one too many"); !errors.Is(err, errStateBusy) {
 		t.Fatalf("Touch = %v, want errStateBusy", err)
 	}
 	close(eng.holdFirst)
@@ -256,14 +264,7 @@ func TestAdapterRefusesAWriteWhenEveryCallSlotIsTaken(t *testing.T) {
 func TestAdapterHandsAQueuedWriteBackWhenEveryCallSlotIsTaken(t *testing.T) {
 	eng := newBatchingEngine(10 * time.Second)
 	store := newSharedState(eng, time.Hour, zap.NewNop())
-	ctx := context.Background()
-	errs := make(chan error, maxStateCallsInFlight)
-	go func() { errs <- store.Opened(ctx, "first") }()
-	eng.awaitBatch(t)
-	for i := range maxStateCallsInFlight - 1 {
-		go func() { errs <- store.Touch(ctx, strconv.Itoa(i)) }()
-	}
-	eventuallyTrue(t, "every slot taken", func() bool { return queued(store) == maxStateCallsInFlight-1 })
+	errs := takeEverySlot(t, eng, store)
 	counter := metrics.stateErrors.WithLabelValues("opened")
 	before := testutil.ToFloat64(counter)
 	if store.QueueOpened("s") {

@@ -261,11 +261,7 @@ func TestIdleHolderHandsTheTurnOnAtOnceWhenAskedElsewhere(t *testing.T) {
 	tabs, turns, _ := newCluster(t, 2, true)
 	openSession(t, turns, "s")
 	mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0)).turn.Done(200) // tabs[0] keeps the turn
-	r := mustGet(t, acquireInBackground(tabs[1], "s"))              // no clock: announced both ways
-	if r.err != nil || r.turn.grant == nil {
-		t.Fatalf("err=%v grant=%v, want the cluster turn", r.err, r.turn.grant)
-	}
-	r.turn.Done(200)
+	endClusterTurn(t, acquireInBackground(tabs[1], "s"))            // no clock: announced both ways
 }
 
 func TestRequestsThatReachedTheHolderBeforeAnAskElsewhereGoFirst(t *testing.T) {
@@ -420,11 +416,7 @@ func TestHolderThatCannotRenewStopsItsExchangeBeforeTheLeaseLapses(t *testing.T)
 	}
 	long.turn.Done(0)
 	// The next request elsewhere is served, and never beside the stopped one.
-	r := mustGet(t, acquireInBackground(tabs[1], "s"))
-	if r.err != nil || r.turn.grant == nil {
-		t.Fatalf("err=%v grant=%v, want the cluster turn", r.err, r.turn.grant)
-	}
-	r.turn.Done(200)
+	endClusterTurn(t, acquireInBackground(tabs[1], "s"))
 }
 
 func TestHolderWhoseLineWasRolledBackStopsItsExchange(t *testing.T) {
@@ -461,11 +453,7 @@ func TestLostAnswerToAnAskLeavesNoTurnServedToNobody(t *testing.T) {
 	r.turn.Done(200)
 	turns.set(turns.lose, "take", false)
 	// No clock moves: the lost ask was withdrawn, not left to lapse.
-	other := mustGet(t, acquireInBackground(tabs[1], "s"))
-	if other.err != nil || other.turn.grant == nil {
-		t.Fatalf("err=%v grant=%v, want the cluster turn at once", other.err, other.turn.grant)
-	}
-	other.turn.Done(200)
+	endClusterTurn(t, acquireInBackground(tabs[1], "s"))
 }
 
 func TestAskedTwiceWithOneTokenIsQueuedOnce(t *testing.T) {
@@ -912,4 +900,15 @@ func TestClosingTableHandsOnTheTurnsItHolds(t *testing.T) {
 	if h := turns.line("s").Holder; h != "" {
 		t.Fatalf("after Close the turn is still held by %q", h)
 	}
+}
+
+// endClusterTurn waits for ch's turn, which must hold the cluster turn,
+// and ends it.
+func endClusterTurn(t *testing.T, ch <-chan result) {
+	t.Helper()
+	r := mustGet(t, ch)
+	if r.err != nil || r.turn.grant == nil {
+		t.Fatalf("err=%v grant=%v, want the cluster turn", r.err, r.turn.grant)
+	}
+	r.turn.Done(200)
 }
