@@ -11,17 +11,18 @@ import (
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
-// Faults behind a round-robin front, the instances with `order cluster`:
-// every request of a session may land on any instance, so each one takes
-// its turn through the ticket line in Redis (serializer/turn.go), and a
-// fault there or on an instance is one every session in flight meets.
+// Faults behind a round-robin front, the instances on the default order
+// (cluster, with state redis): every request of a session may land on any
+// instance, so the session's turn moves between them through its line in
+// Redis (serializer/turn.go), and a fault there or on an instance is one
+// every session in flight meets.
 
 // faultConnectBound is the longest a connect may last through these faults.
 // A follow-up can be held at the gate until init_timeout (its session's
 // notifications/initialized died with an instance, or its ack could not be
 // recorded while Redis was away), then wait out a dead holder's lease
 // (TurnLease) and one unclaimed turn per instance, three (TurnClaim each:
-// a waiting ticket whose instance died or lost Redis); a few engine calls,
+// an ask whose instance died or lost Redis); a few engine calls,
 // each bounded by the redis timeout (250 ms), and the front's retry of a
 // refused connection come on top. The client gives up on a reply after
 // 20 s, which this stays under.
@@ -31,15 +32,15 @@ const faultConnectBound = clusterInitTimeout + serializer.TurnLease + 3*serializ
 // to outlast the fault (MCP_SERIALIZER_CLUSTER_N raises it).
 const roundRobinFaultsN = 300
 
-// startRoundRobinCluster starts three instances with `state redis` on r and
-// `order cluster` behind a Caddy front with lb_policy round_robin, which
+// startRoundRobinCluster starts three instances with `state redis` on r
+// (and so `order cluster`) behind a Caddy front with lb_policy round_robin, which
 // leaves a dead instance out as the hashing front of
 // TestClusterInstanceKilledMidRun does.
 func startRoundRobinCluster(t *testing.T, r *redisServer) *cluster {
 	t.Helper()
 	requireModule(t, redisStateModule)
 	requireOrderCluster(t)
-	return startCluster(t, clusterOptions{State: redisState(r), Order: "cluster", Balancer: caddyRoundRobin, Front: deadInstanceFront})
+	return startCluster(t, clusterOptions{State: redisState(r), Balancer: caddyRoundRobin, Front: deadInstanceFront})
 }
 
 // One instance killed (SIGKILL) in the middle of a run behind round robin:
@@ -65,8 +66,9 @@ func TestClusterRoundRobinInstanceKilledMidRun(t *testing.T) {
 }
 
 // Redis killed and started again (empty) in the middle of a run behind
-// round robin: the ticket lines are lost with it, a waiter that finds its
-// ticket unknown takes a new one, a request that cannot reach Redis goes
+// round robin: the turn lines are lost with it, an asker the line no
+// longer knows asks again, a holder takes its line up again when it
+// renews, a request that cannot reach Redis goes
 // with this instance's order alone, and no wait outlasts its bound.
 func TestClusterRoundRobinRedisRestartedMidRun(t *testing.T) {
 	prerequisites(t)
@@ -93,7 +95,7 @@ func TestClusterRoundRobinRedisRestartedMidRun(t *testing.T) {
 // longer than a lease, then back with its data (SIGCONT), in the middle of a
 // run behind round robin: every engine call ends at the redis timeout, and
 // once Redis answers again the leases that ran out meanwhile and the
-// tickets left behind are passed over within their bounds.
+// asks left behind are passed over within their bounds.
 func TestClusterRoundRobinRedisUnresponsiveMidRun(t *testing.T) {
 	prerequisites(t)
 	redis := startRedis(t)
