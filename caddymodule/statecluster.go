@@ -17,7 +17,7 @@ const (
 // TurnEngine is a StateEngine that can keep cluster turns
 // (serializer.TurnStore, by key) and announce changes to every instance
 // (serializer.Watcher). The redis engine is one; storage is not: Caddy's
-// storage has no atomic update to keep a ticket line with.
+// storage has no atomic update to keep a turn line with.
 type TurnEngine interface {
 	StateEngine
 	TakeTurn(ctx context.Context, key, token string, lease, claim time.Duration) (serializer.TurnState, bool, error)

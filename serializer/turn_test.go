@@ -648,7 +648,7 @@ func TestGateOpenedElsewhereReleasesHeldRequestsWhenAnnounced(t *testing.T) {
 	mustWait(t, toolsList)
 	mustGet(t, initialized).turn.Done(202)
 	// No clock moves: the announcement of Opened wakes both gates, and
-	// the two then go one at a time, in whichever order they took tickets.
+	// the two then go one at a time, in whichever order they asked.
 	for range 2 {
 		var r result
 		select {
