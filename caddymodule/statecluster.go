@@ -20,13 +20,13 @@ const (
 // storage has no atomic update to keep a turn line with.
 type TurnEngine interface {
 	StateEngine
-	TakeTurn(ctx context.Context, key, token string, lease, claim time.Duration) (serializer.TurnState, bool, error)
-	ClaimTurn(ctx context.Context, key, token string, lease, claim time.Duration, nudge bool) (serializer.TurnState, bool, error)
-	RenewTurn(ctx context.Context, key, token string, lease time.Duration) (held, wanted bool, err error)
+	TakeTurn(ctx context.Context, key, token string, age, lease, claim time.Duration) (serializer.TurnState, time.Duration, error)
+	ClaimTurn(ctx context.Context, key, token string, age, lease, claim time.Duration, nudge bool) (serializer.TurnState, time.Duration, error)
+	RenewTurn(ctx context.Context, key, token string, lease time.Duration) (held bool, behind time.Duration, err error)
 	ReleaseTurn(ctx context.Context, key, token string, claim time.Duration) error
 	// Announce tells every instance's Watch that key's record changed.
 	Announce(ctx context.Context, key string) error
-	Watch(changed func(key, asker string)) (stop func())
+	Watch(changed func(key, asker string, waited time.Duration)) (stop func())
 	Announcing() bool
 }
 
@@ -55,34 +55,45 @@ func (c *clusterState) Opened(ctx context.Context, id string) error {
 	return err
 }
 
-// turnAnswers is what a take or a claim answers, through bounded.
+// turnAnswers is what a turn call answers, through bounded.
 type turnAnswers struct {
 	state  serializer.TurnState
-	wanted bool
+	held   bool
+	behind time.Duration
 }
 
-func (c *clusterState) TakeTurn(ctx context.Context, id, token string, lease, claim time.Duration) (serializer.TurnState, bool, error) {
-	res, err := bounded(c.sharedState, ctx, opTake, id, serializer.StoreKey(id), func(ctx context.Context, key string) (turnAnswers, error) {
-		state, wanted, err := c.turns.TakeTurn(ctx, key, token, lease, claim)
-		return turnAnswers{state, wanted}, err
+func (c *clusterState) TakeTurn(ctx context.Context, id, token string, age, lease, claim time.Duration) (serializer.TurnState, time.Duration, error) {
+	res, err := c.turnCall(ctx, opTake, id, func(ctx context.Context, key string) (turnAnswers, error) {
+		state, behind, err := c.turns.TakeTurn(ctx, key, token, age, lease, claim)
+		return turnAnswers{state: state, behind: behind}, err
 	})
-	return res.state, res.wanted, err
+	return res.state, res.behind, err
 }
 
-func (c *clusterState) ClaimTurn(ctx context.Context, id, token string, lease, claim time.Duration, nudge bool) (serializer.TurnState, bool, error) {
-	res, err := bounded(c.sharedState, ctx, opClaim, id, serializer.StoreKey(id), func(ctx context.Context, key string) (turnAnswers, error) {
-		state, wanted, err := c.turns.ClaimTurn(ctx, key, token, lease, claim, nudge)
-		return turnAnswers{state, wanted}, err
+func (c *clusterState) ClaimTurn(ctx context.Context, id, token string, age, lease, claim time.Duration, nudge bool) (serializer.TurnState, time.Duration, error) {
+	res, err := c.turnCall(ctx, opClaim, id, func(ctx context.Context, key string) (turnAnswers, error) {
+		state, behind, err := c.turns.ClaimTurn(ctx, key, token, age, lease, claim, nudge)
+		return turnAnswers{state: state, behind: behind}, err
 	})
-	return res.state, res.wanted, err
+	return res.state, res.behind, err
 }
 
-func (c *clusterState) RenewTurn(ctx context.Context, id, token string, lease time.Duration) (held, wanted bool, err error) {
-	res, err := bounded(c.sharedState, ctx, opRenew, id, serializer.StoreKey(id), func(ctx context.Context, key string) ([2]bool, error) {
-		held, wanted, err := c.turns.RenewTurn(ctx, key, token, lease)
-		return [2]bool{held, wanted}, err
+func (c *clusterState) RenewTurn(ctx context.Context, id, token string, lease time.Duration) (bool, time.Duration, error) {
+	res, err := c.turnCall(ctx, opRenew, id, func(ctx context.Context, key string) (turnAnswers, error) {
+		held, behind, err := c.turns.RenewTurn(ctx, key, token, lease)
+		return turnAnswers{held: held, behind: behind}, err
 	})
-	return res[0], res[1], err
+	return res.held, res.behind, err
+}
+
+// turnCall runs a turn call through the adapter's bounds; a call that
+// fails answers that nobody waits.
+func (c *clusterState) turnCall(ctx context.Context, op stateOp, id string, call func(context.Context, string) (turnAnswers, error)) (turnAnswers, error) {
+	res, err := bounded(c.sharedState, ctx, op, id, serializer.StoreKey(id), call)
+	if err != nil {
+		res.behind = serializer.NobodyWaiting
+	}
+	return res, err
 }
 
 func (c *clusterState) ReleaseTurn(ctx context.Context, id, token string, claim time.Duration) error {
@@ -93,7 +104,7 @@ func (c *clusterState) ReleaseTurn(ctx context.Context, id, token string, claim 
 }
 
 // Watch passes the engine's announcements on.
-func (c *clusterState) Watch(changed func(key, asker string)) (stop func()) {
+func (c *clusterState) Watch(changed func(key, asker string, waited time.Duration)) (stop func()) {
 	return c.turns.Watch(changed)
 }
 

@@ -36,26 +36,27 @@ func TestRedisTurnLineFollowsTheSerializersRules(t *testing.T) {
 			var want, got string
 			switch op := rng.IntN(9); op {
 			case 0, 1:
-				st, wanted := line.Take(token, now, lease, claim)
-				rst, rwanted, err := eng.takeAt(ctx, key, token, lease, claim, now)
+				age := time.Duration(rng.IntN(300)) * time.Millisecond
+				st, first := line.Take(token, now.Add(-age), now, lease, claim)
+				rst, rbehind, err := eng.takeAt(ctx, key, token, age, lease, claim, now)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, got = fmt.Sprint("take ", token, st, wanted), fmt.Sprint("take ", token, rst, rwanted)
+				want, got = fmt.Sprint("take ", token, st, behindOf(now, first)), fmt.Sprint("take ", token, rst, rbehind)
 			case 2, 3:
-				st, wanted := line.Claim(token, now, lease, claim)
-				rst, rwanted, err := eng.claimAt(ctx, key, token, lease, claim, rng.IntN(2) == 0, now)
+				st, first := line.Claim(token, now, lease, claim)
+				rst, rbehind, err := eng.claimAt(ctx, key, token, 0, lease, claim, rng.IntN(2) == 0, now)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, got = fmt.Sprint("claim ", token, st, wanted), fmt.Sprint("claim ", token, rst, rwanted)
+				want, got = fmt.Sprint("claim ", token, st, behindOf(now, first)), fmt.Sprint("claim ", token, rst, rbehind)
 			case 4, 5:
-				held, wanted := line.Renew(token, now, lease)
-				rheld, rwanted, err := eng.renewAt(ctx, key, token, lease, now)
+				held, first := line.Renew(token, now, lease)
+				rheld, rbehind, err := eng.renewAt(ctx, key, token, lease, now)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, got = fmt.Sprint("renew ", token, held, wanted), fmt.Sprint("renew ", token, rheld, rwanted)
+				want, got = fmt.Sprint("renew ", token, held, behindOf(now, first)), fmt.Sprint("renew ", token, rheld, rbehind)
 			case 6, 7:
 				on := line.Release(token, now, claim)
 				ron, err := eng.releaseAt(ctx, key, token, claim, now)
@@ -79,18 +80,33 @@ func TestRedisTurnLineFollowsTheSerializersRules(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if h, w := fmt.Sprint(f[0]), fmt.Sprint(f[1]); h != line.Holder || w != strings.Join(line.Waiting, " ") {
+			var waiting []string
+			for _, a := range line.Waiting {
+				waiting = append(waiting, fmt.Sprintf("%s:%d", a.Token, a.Arrived.UnixMilli()))
+			}
+			if h, w := fmt.Sprint(f[0]), fmt.Sprint(f[1]); h != line.Holder || w != strings.Join(waiting, " ") {
 				t.Fatalf("seed %d step %d: redis line holder %q waiting %q, serializer %+v", seed, step, h, w, line)
 			}
 		}
 	}
 }
 
+// behindOf is what a TurnStore answers for a TurnLine's first arrival.
+func behindOf(now, first time.Time) time.Duration {
+	if first.IsZero() {
+		return serializer.NobodyWaiting
+	}
+	return now.Sub(first)
+}
+
 func TestRedisAnnouncesAsksHandOnsAndOpenedGates(t *testing.T) {
 	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{startRedis(t)}}).(*RedisState)
-	type heardMsg struct{ key, asker string }
+	type heardMsg struct {
+		key, asker string
+		waited     time.Duration
+	}
 	heard := make(chan heardMsg, 8)
-	stop := eng.Watch(func(key, asker string) { heard <- heardMsg{key, asker} })
+	stop := eng.Watch(func(key, asker string, waited time.Duration) { heard <- heardMsg{key, asker, waited} })
 	defer stop()
 	ctx := context.Background()
 	expect := func(want heardMsg) {
@@ -105,21 +121,21 @@ func TestRedisAnnouncesAsksHandOnsAndOpenedGates(t *testing.T) {
 		}
 	}
 	eventuallyTrue(t, "the subscription is confirmed", eng.Announcing)
-	if _, _, err := eng.TakeTurn(ctx, "k", "first", time.Second, time.Second); err != nil {
+	if _, _, err := eng.TakeTurn(ctx, "k", "first", 0, time.Second, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if st, _, _ := eng.TakeTurn(ctx, "k", "second", time.Second, time.Second); st != serializer.TurnWaiting {
+	if st, _, _ := eng.TakeTurn(ctx, "k", "second", 40*time.Millisecond, time.Second, time.Second); st != serializer.TurnWaiting {
 		t.Fatalf("second ask: %v, want waiting", st)
 	}
-	expect(heardMsg{"k", "second"})
+	expect(heardMsg{"k", "second", 40 * time.Millisecond})
 	if err := eng.ReleaseTurn(ctx, "k", "first", time.Second); err != nil {
 		t.Fatal(err)
 	}
-	expect(heardMsg{"k", ""})
+	expect(heardMsg{"k", "", 0})
 	if err := eng.Announce(ctx, "opened"); err != nil {
 		t.Fatal(err)
 	}
-	expect(heardMsg{"opened", ""})
+	expect(heardMsg{"opened", "", 0})
 	if err := eng.ReleaseTurn(ctx, "k", "second", time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,23 +17,24 @@ import (
 
 // Cluster turns on Redis (`order cluster`): one hash per session under
 // key_prefix + the SHA-256 of its id + ":turn", with fields holder, until
-// (unix ms) and waiting (the askers' tokens, space-separated, in order),
-// kept for serializer.TurnLineTTL after its last change. Asks ("want
-// <key> <token>"), hand-ons and gates opened ("<key>") are announced on
-// the channel key_prefix + "changed".
+// (unix ms) and waiting (token:arrival-in-unix-ms, space-separated, in
+// arrival order), kept for serializer.TurnLineTTL after its last change.
+// Asks ("want <key> <token> <age ms>"), hand-ons and gates opened
+// ("<key>") are announced on the channel key_prefix + "changed".
 
 // turnScript is serializer.TurnLine's methods, line for line, on the hash
 // KEYS[1], atomically. ARGV: op (take, claim, renew, release), token,
 // lease (ms), claim window (ms), the line's life (ms), channel, the
 // session's key, now in unix ms ("" for the server's clock, so that
-// instances' clocks never disagree about a lease), and "1" for a claim
-// that announces its ask again. It answers {a, b, announced}: for take
-// and claim the state (0 waiting, 1 served, 2 passed over) and whether
-// others wait; for renew whether the token holds the turn and whether
-// others wait; for release whether the turn was handed on. announced is
-// 1 if an announcement went out, -1 if the server refused it (an ACL
-// without the channel: pcall keeps that from undoing the change), 0 if
-// none was due.
+// instances' clocks never disagree about a lease or an arrival), "1" for a
+// claim that announces its ask again, and how long ago the asking request
+// arrived (ms). It answers {a, behind, announced}: a is, for take and
+// claim, the state (0 waiting, 1 served, 2 passed over), for renew
+// whether the token holds the turn, for release whether the turn was
+// handed on; behind, for a token holding the turn, how long ago the first
+// request waiting behind it arrived (ms; -1 if none). announced is 1 if an
+// announcement went out, -1 if the server refused it (an ACL without the
+// channel: pcall keeps that from undoing the change), 0 if none was due.
 var turnScript = redis.NewScript(`
 local K = KEYS[1]
 local op, token, lease, claim = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -46,19 +48,19 @@ end
 local f = redis.call('HMGET', K, 'holder', 'until', 'waiting')
 local holder, untilms = f[1] or '', tonumber(f[2] or '0')
 local waiting = {}
-for w in string.gmatch(f[3] or '', '%S+') do
-  waiting[#waiting + 1] = w
+for tok, at in string.gmatch(f[3] or '', '(%S+):(%d+)') do
+  waiting[#waiting + 1] = {tok, tonumber(at)}
 end
 local function indexOf(tok)
   for i, w in ipairs(waiting) do
-    if w == tok then return i end
+    if w[1] == tok then return i end
   end
   return nil
 end
 local function advance()
   holder, untilms = '', now
   if #waiting > 0 then
-    holder = table.remove(waiting, 1)
+    holder = table.remove(waiting, 1)[1]
     untilms = now + claim
   end
 end
@@ -72,28 +74,38 @@ local function announce(msg)
   if type(r) == 'table' and r.err then return -1 end
   return 1
 end
-local function others()
-  if #waiting > 0 then return 1 end
-  return 0
+local function behind()
+  if #waiting > 0 then return now - waiting[1][2] end
+  return -1
 end
-local a, b, announced = 0, 0, 0
+local function announceAsk()
+  return announce('want ' .. ARGV[7] .. ' ' .. token .. ' ' .. ARGV[10])
+end
+local a, b, announced = 0, -1, 0
 if op == 'take' then
   passOver()
   if holder == '' then holder = token end
   if holder == token then
     untilms = now + lease
-    a, b = 1, others()
+    a, b = 1, behind()
   else
-    if not indexOf(token) then waiting[#waiting + 1] = token end
-    announced = announce('want ' .. ARGV[7] .. ' ' .. token)
+    if not indexOf(token) then
+      local arrived = now - tonumber(ARGV[10])
+      local i = #waiting
+      while i > 0 and waiting[i][2] > arrived do
+        i = i - 1
+      end
+      table.insert(waiting, i + 1, {token, arrived})
+    end
+    announced = announceAsk()
   end
 elseif op == 'claim' then
   passOver()
   if holder == token then
     untilms = now + lease
-    a, b = 1, others()
+    a, b = 1, behind()
   elseif indexOf(token) then
-    if ARGV[9] == '1' then announced = announce('want ' .. ARGV[7] .. ' ' .. token) end
+    if ARGV[9] == '1' then announced = announceAsk() end
   else
     a = 2
   end
@@ -101,7 +113,7 @@ elseif op == 'renew' then
   if holder == '' and untilms == 0 then holder = token end
   if holder == token then
     untilms = now + lease
-    a, b = 1, others()
+    a, b = 1, behind()
   end
 elseif op == 'release' then
   if holder == token then
@@ -115,7 +127,11 @@ elseif op == 'release' then
     if i then table.remove(waiting, i) end
   end
 end
-redis.call('HSET', K, 'holder', holder, 'until', string.format('%d', untilms), 'waiting', table.concat(waiting, ' '))
+local line = {}
+for i, w in ipairs(waiting) do
+  line[i] = w[1] .. ':' .. string.format('%d', w[2])
+end
+redis.call('HSET', K, 'holder', holder, 'until', string.format('%d', untilms), 'waiting', table.concat(line, ' '))
 redis.call('PEXPIRE', K, ARGV[5])
 return {a, b, announced}
 `)
@@ -129,10 +145,13 @@ const announcePrefix = "want "
 func (r *RedisState) changedChannel() string { return r.KeyPrefix + "changed" }
 
 // turnAnswer is turnScript's answer.
-type turnAnswer struct{ a, b int64 }
+type turnAnswer struct {
+	a      int64
+	behind time.Duration // serializer.NobodyWaiting if none waits
+}
 
 // runTurn runs turnScript for key at now (zero: the server's clock).
-func (r *RedisState) runTurn(ctx context.Context, key, op, token string, lease, claim time.Duration, nudge bool, now time.Time) (turnAnswer, error) {
+func (r *RedisState) runTurn(ctx context.Context, key, op, token string, age, lease, claim time.Duration, nudge bool, now time.Time) (turnAnswer, error) {
 	at, again := "", "0"
 	if !now.IsZero() {
 		at = fmt.Sprint(now.UnixMilli())
@@ -142,45 +161,50 @@ func (r *RedisState) runTurn(ctx context.Context, key, op, token string, lease, 
 	}
 	v, err := turnScript.Run(ctx, r.client, []string{r.KeyPrefix + key + ":turn"},
 		op, token, lease.Milliseconds(), claim.Milliseconds(), serializer.TurnLineTTL.Milliseconds(),
-		r.changedChannel(), key, at, again).Int64Slice()
+		r.changedChannel(), key, at, again, max(age, 0).Milliseconds()).Int64Slice()
 	if err != nil {
-		return turnAnswer{}, err
+		return turnAnswer{0, serializer.NobodyWaiting}, err
 	}
 	if len(v) != 3 || v[0] < 0 || v[0] > 2 {
-		return turnAnswer{}, fmt.Errorf("%s: unexpected answer %v", op, v)
+		return turnAnswer{0, serializer.NobodyWaiting}, fmt.Errorf("%s: unexpected answer %v", op, v)
 	}
 	r.announced(v[2])
-	return turnAnswer{v[0], v[1]}, nil
+	behind := serializer.NobodyWaiting
+	if v[1] >= 0 {
+		behind = time.Duration(v[1]) * time.Millisecond
+	}
+	return turnAnswer{v[0], behind}, nil
 }
 
-// TakeTurn asks for the session key's turn under token.
-func (r *RedisState) TakeTurn(ctx context.Context, key, token string, lease, claim time.Duration) (serializer.TurnState, bool, error) {
-	return r.takeAt(ctx, key, token, lease, claim, time.Time{})
+// TakeTurn asks for the session key's turn under token, for a request
+// that arrived age ago.
+func (r *RedisState) TakeTurn(ctx context.Context, key, token string, age, lease, claim time.Duration) (serializer.TurnState, time.Duration, error) {
+	return r.takeAt(ctx, key, token, age, lease, claim, time.Time{})
 }
 
-func (r *RedisState) takeAt(ctx context.Context, key, token string, lease, claim time.Duration, now time.Time) (serializer.TurnState, bool, error) {
-	v, err := r.runTurn(ctx, key, "take", token, lease, claim, false, now)
-	return scriptTurnStates[v.a], v.b == 1, err
+func (r *RedisState) takeAt(ctx context.Context, key, token string, age, lease, claim time.Duration, now time.Time) (serializer.TurnState, time.Duration, error) {
+	v, err := r.runTurn(ctx, key, "take", token, age, lease, claim, false, now)
+	return scriptTurnStates[v.a], v.behind, err
 }
 
 // ClaimTurn says where token stands.
-func (r *RedisState) ClaimTurn(ctx context.Context, key, token string, lease, claim time.Duration, nudge bool) (serializer.TurnState, bool, error) {
-	return r.claimAt(ctx, key, token, lease, claim, nudge, time.Time{})
+func (r *RedisState) ClaimTurn(ctx context.Context, key, token string, age, lease, claim time.Duration, nudge bool) (serializer.TurnState, time.Duration, error) {
+	return r.claimAt(ctx, key, token, age, lease, claim, nudge, time.Time{})
 }
 
-func (r *RedisState) claimAt(ctx context.Context, key, token string, lease, claim time.Duration, nudge bool, now time.Time) (serializer.TurnState, bool, error) {
-	v, err := r.runTurn(ctx, key, "claim", token, lease, claim, nudge, now)
-	return scriptTurnStates[v.a], v.b == 1, err
+func (r *RedisState) claimAt(ctx context.Context, key, token string, age, lease, claim time.Duration, nudge bool, now time.Time) (serializer.TurnState, time.Duration, error) {
+	v, err := r.runTurn(ctx, key, "claim", token, age, lease, claim, nudge, now)
+	return scriptTurnStates[v.a], v.behind, err
 }
 
 // RenewTurn extends the holder's lease.
-func (r *RedisState) RenewTurn(ctx context.Context, key, token string, lease time.Duration) (held, wanted bool, err error) {
+func (r *RedisState) RenewTurn(ctx context.Context, key, token string, lease time.Duration) (bool, time.Duration, error) {
 	return r.renewAt(ctx, key, token, lease, time.Time{})
 }
 
-func (r *RedisState) renewAt(ctx context.Context, key, token string, lease time.Duration, now time.Time) (held, wanted bool, err error) {
-	v, err := r.runTurn(ctx, key, "renew", token, lease, 0, false, now)
-	return v.a == 1, v.b == 1, err
+func (r *RedisState) renewAt(ctx context.Context, key, token string, lease time.Duration, now time.Time) (bool, time.Duration, error) {
+	v, err := r.runTurn(ctx, key, "renew", token, 0, lease, 0, false, now)
+	return v.a == 1, v.behind, err
 }
 
 // ReleaseTurn hands the turn on, or withdraws an ask.
@@ -190,7 +214,7 @@ func (r *RedisState) ReleaseTurn(ctx context.Context, key, token string, claim t
 }
 
 func (r *RedisState) releaseAt(ctx context.Context, key, token string, claim time.Duration, now time.Time) (bool, error) {
-	v, err := r.runTurn(ctx, key, "release", token, 0, claim, false, now)
+	v, err := r.runTurn(ctx, key, "release", token, 0, 0, claim, false, now)
 	return v.a == 1, err
 }
 
@@ -245,7 +269,7 @@ func (r *RedisState) warnRefused(what string) {
 // that fails is made again after a pause: soon after a connection error,
 // rarely after an ACL refusal. What is announced meanwhile is lost, which
 // the table's backoff covers.
-func (r *RedisState) Watch(changed func(key, asker string)) (stop func()) {
+func (r *RedisState) Watch(changed func(key, asker string, waited time.Duration)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	var current *redis.PubSub
@@ -285,7 +309,7 @@ const (
 
 // listen confirms sub's subscription, then passes its messages on until
 // it ends; it returns how long to pause before the next.
-func (r *RedisState) listen(ctx context.Context, sub *redis.PubSub, changed func(key, asker string)) time.Duration {
+func (r *RedisState) listen(ctx context.Context, sub *redis.PubSub, changed func(key, asker string, waited time.Duration)) time.Duration {
 	if _, err := sub.ReceiveTimeout(ctx, 5*time.Second); err != nil {
 		if redis.HasErrorPrefix(err, "NOPERM") {
 			r.ann().warned.Do(func() { r.warnRefused("subscribe") })
@@ -295,13 +319,22 @@ func (r *RedisState) listen(ctx context.Context, sub *redis.PubSub, changed func
 	}
 	r.ann().hearing.Store(true)
 	for msg := range sub.Channel() {
-		key, asker := msg.Payload, ""
-		if rest, ok := strings.CutPrefix(msg.Payload, announcePrefix); ok {
-			key, asker, _ = strings.Cut(rest, " ")
-		}
-		changed(key, asker)
+		changed(parseAnnouncement(msg.Payload))
 	}
 	return resubscribeAfterError
+}
+
+// parseAnnouncement reads a message of the channel: "<key>", or "want
+// <key> <token> <age ms>" for an ask.
+func parseAnnouncement(msg string) (key, asker string, waited time.Duration) {
+	rest, ok := strings.CutPrefix(msg, announcePrefix)
+	if !ok {
+		return msg, "", 0
+	}
+	key, rest, _ = strings.Cut(rest, " ")
+	asker, age, _ := strings.Cut(rest, " ")
+	ms, _ := strconv.ParseInt(age, 10, 64)
+	return key, asker, time.Duration(max(ms, 0)) * time.Millisecond
 }
 
 var _ TurnEngine = (*RedisState)(nil)

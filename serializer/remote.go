@@ -26,11 +26,12 @@ const (
 // opened, a session's cluster turn asked for or handed on.
 type Watcher interface {
 	// Watch calls changed for each announcement until stop is called: key
-	// is the StoreKey of the session whose shared state changed, asker the
-	// token of a request asking for its cluster turn ("" for any other
-	// change). Announcements may be lost (a reconnect); the table reads
-	// the state again after a backoff anyway.
-	Watch(changed func(key, asker string)) (stop func())
+	// is the StoreKey of the session whose shared state changed; asker the
+	// token of a request asking for its cluster turn, which arrived waited
+	// before the announcement ("" for any other change). Announcements may
+	// be lost (a reconnect); the table reads the state again after a
+	// backoff anyway.
+	Watch(changed func(key, asker string, waited time.Duration)) (stop func())
 	// Announcing reports whether announcements go out and come in: false
 	// while the engine refuses them (an ACL without the channel) or the
 	// subscription is down. A holder of a cluster turn then hands it on
@@ -97,7 +98,7 @@ func (r *remoteWaits) announcing() bool {
 
 // changedElsewhere wakes the requests waiting on session key, if any, and
 // tells a holder of its cluster turn of an ask.
-func (t *Table) changedElsewhere(key, asker string) {
+func (t *Table) changedElsewhere(key, asker string, waited time.Duration) {
 	t.remote.mu.Lock()
 	w := t.remote.sessions[key]
 	t.remote.mu.Unlock()
@@ -109,7 +110,7 @@ func (t *Table) changedElsewhere(key, asker string) {
 	s.wakeRemoteWaits()
 	var handOn *turnGrant
 	if asker != "" {
-		handOn = s.turnAsked(asker)
+		handOn = s.turnAsked(asker, waited)
 	}
 	s.mu.Unlock()
 	if handOn != nil {

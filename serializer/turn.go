@@ -96,16 +96,23 @@ const (
 
 // TurnStore keeps the cluster turns of sessions, by session id. Like a
 // Store, it must key them by a hash of the id, honour its context and
-// return within its own bound. Its answers are TurnLine's. An engine that
-// is also a Watcher announces an ask (TakeTurn answered TurnWaiting, or
-// ClaimTurn with nudge still waiting) with the asker's token, and a
-// hand-on, to every instance.
+// return within its own bound. Its answers are TurnLine's, with times as
+// durations so that no two clocks need agree: age is how long ago the
+// asking request reached its instance; behind, for a token that holds the
+// turn, how long before the answer the first request waiting behind it
+// arrived (NobodyWaiting if none). An engine that is also a Watcher
+// announces an ask (TakeTurn answered TurnWaiting, or ClaimTurn with nudge
+// still waiting) with the asker's token and age, and a hand-on, to every
+// instance.
 type TurnStore interface {
-	TakeTurn(ctx context.Context, id, token string, lease, claim time.Duration) (state TurnState, wanted bool, err error)
-	ClaimTurn(ctx context.Context, id, token string, lease, claim time.Duration, nudge bool) (state TurnState, wanted bool, err error)
-	RenewTurn(ctx context.Context, id, token string, lease time.Duration) (held, wanted bool, err error)
+	TakeTurn(ctx context.Context, id, token string, age, lease, claim time.Duration) (state TurnState, behind time.Duration, err error)
+	ClaimTurn(ctx context.Context, id, token string, age, lease, claim time.Duration, nudge bool) (state TurnState, behind time.Duration, err error)
+	RenewTurn(ctx context.Context, id, token string, lease time.Duration) (held bool, behind time.Duration, err error)
 	ReleaseTurn(ctx context.Context, id, token string, claim time.Duration) error
 }
+
+// NobodyWaiting is a TurnStore's behind when no request waits.
+const NobodyWaiting time.Duration = -1
 
 // errPassedOver is internal: an ask was passed over.
 var errPassedOver = errors.New("passed over")
@@ -119,8 +126,10 @@ type turnGrant struct {
 	// was sent, and deadline that plus TurnLease: the engine started the
 	// lease later, so it lapses no earlier.
 	renewed, deadline time.Time
-	// wantedAt is when this instance learned that another waits for the
-	// turn: requests that reached it since go after that one.
+	// wantedAt is when the first request waiting for the turn elsewhere
+	// arrived, as this instance reckons it (when it heard, less how long
+	// before that the request came): requests that reached this instance
+	// since go after that one.
 	wantedAt time.Time
 	inUse    bool   // an exchange holds it
 	stop     func() // stops that exchange (Turn.StopOnLapse)
@@ -179,17 +188,17 @@ func (s *Session) clusterTurn(ctx context.Context, traits Traits, arrival time.T
 	s.mu.Unlock()
 
 	deadline := t.clock.Now().Add(cfg.QueueTimeout - waited)
-	g, err := s.askTurn(ctx, cfg, deadline)
+	g, err := s.askTurn(ctx, cfg, arrival, deadline)
 	for errors.Is(err, errPassedOver) {
-		g, err = s.askTurn(ctx, cfg, deadline)
+		g, err = s.askTurn(ctx, cfg, arrival, deadline)
 	}
 	s.mu.Lock()
 	s.askingTurn, s.askToken = false, ""
 	if g != nil {
 		// Others wait behind it: the first ask heard while it waited may be
 		// theirs, and requests here since then go after them.
-		if !g.wantedAt.IsZero() && !s.wantHeard.IsZero() && s.wantHeard.Before(g.wantedAt) {
-			g.wantedAt = s.wantHeard
+		if !g.wantedAt.IsZero() && !s.wantHeard.IsZero() {
+			g.askedFor(s.wantHeard)
 		}
 		g.unwatch = t.awaitRemote(s) // to hear the next ask
 		s.clusterGrant = g
@@ -199,9 +208,9 @@ func (s *Session) clusterTurn(ctx context.Context, traits Traits, arrival time.T
 	return g, err
 }
 
-// askTurn asks the engine for the cluster turn and waits until it is
-// served.
-func (s *Session) askTurn(ctx context.Context, cfg *Config, deadline time.Time) (*turnGrant, error) {
+// askTurn asks the engine for the cluster turn for a request that arrived
+// at arrival, and waits until it is served.
+func (s *Session) askTurn(ctx context.Context, cfg *Config, arrival, deadline time.Time) (*turnGrant, error) {
 	t := s.table
 	store := cfg.Turns
 	call := func() (context.Context, context.CancelFunc) {
@@ -219,7 +228,7 @@ func (s *Session) askTurn(ctx context.Context, cfg *Config, deadline time.Time) 
 
 	sent := t.clock.Now()
 	cctx, cancel := call()
-	state, wanted, err := store.TakeTurn(cctx, s.id, token, TurnLease, TurnClaim)
+	state, behind, err := store.TakeTurn(cctx, s.id, token, sent.Sub(arrival), TurnLease, TurnClaim)
 	cancel()
 	if err != nil {
 		withdraw() // the ask may have arrived though its answer did not
@@ -230,8 +239,8 @@ func (s *Session) askTurn(ctx context.Context, cfg *Config, deadline time.Time) 
 		switch state {
 		case TurnServed:
 			g := &turnGrant{store: store, token: token, renewed: sent, deadline: sent.Add(TurnLease)}
-			if wanted {
-				g.wantedAt = t.clock.Now()
+			if behind >= 0 {
+				g.askedFor(t.clock.Now().Add(-behind))
 			}
 			return g, nil
 		case TurnPassedOver:
@@ -254,12 +263,20 @@ func (s *Session) askTurn(ctx context.Context, cfg *Config, deadline time.Time) 
 			nudged = sent
 		}
 		cctx, cancel := call()
-		state, wanted, err = store.ClaimTurn(cctx, s.id, token, TurnLease, TurnClaim, nudge)
+		state, behind, err = store.ClaimTurn(cctx, s.id, token, sent.Sub(arrival), TurnLease, TurnClaim, nudge)
 		cancel()
 		if err != nil {
 			withdraw()
 			return nil, nil
 		}
+	}
+}
+
+// askedFor records that a request waiting for the turn elsewhere arrived
+// at at.
+func (g *turnGrant) askedFor(at time.Time) {
+	if g.wantedAt.IsZero() || at.Before(g.wantedAt) {
+		g.wantedAt = at
 	}
 }
 
@@ -308,7 +325,7 @@ func (s *Session) grantTick(g *turnGrant) {
 
 	sent := t.clock.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), t.config().StoreTimeout)
-	held, wanted, err := g.store.RenewTurn(ctx, s.id, g.token, TurnLease)
+	held, behind, err := g.store.RenewTurn(ctx, s.id, g.token, TurnLease)
 	cancel()
 
 	s.mu.Lock()
@@ -327,8 +344,8 @@ func (s *Session) grantTick(g *turnGrant) {
 	default:
 		g.renewed, g.deadline = sent, sent.Add(TurnLease)
 		due = sent.Add(turnRenewEvery)
-		if wanted && g.wantedAt.IsZero() {
-			g.wantedAt = now
+		if behind >= 0 {
+			g.askedFor(now.Add(-behind))
 		}
 	}
 	t.clock.AfterFunc(g.untilTick(due, now), func() { s.grantTick(g) })
@@ -381,24 +398,23 @@ func (s *Session) nextArrivedBefore(at time.Time) bool {
 }
 
 // turnAsked: another instance asks for s's cluster turn (asker is its
-// token). A grant held here is handed on at once if idle, else after the
-// requests that came before now; a request asking here remembers when,
-// for the grant it is about to get. Caller holds s.mu; it returns a
-// grant to hand on outside the lock.
-func (s *Session) turnAsked(asker string) (handOn *turnGrant) {
-	now := s.table.clock.Now()
+// token) for a request that arrived there waited ago. A grant held here is
+// handed on at once if idle, else after the requests that came before
+// that one; a request asking here remembers when, for the grant it is
+// about to get. Caller holds s.mu; it returns a grant to hand on outside
+// the lock.
+func (s *Session) turnAsked(asker string, waited time.Duration) (handOn *turnGrant) {
+	at := s.table.clock.Now().Add(-waited)
 	if g := s.clusterGrant; g != nil && g.token != asker {
-		if g.wantedAt.IsZero() {
-			g.wantedAt = now
-		}
+		g.askedFor(at)
 		if !g.inUse {
 			s.clusterGrant = nil
 			return g
 		}
 		return nil
 	}
-	if s.askingTurn && s.askToken != asker && s.wantHeard.IsZero() {
-		s.wantHeard = now
+	if s.askingTurn && s.askToken != asker && (s.wantHeard.IsZero() || at.Before(s.wantHeard)) {
+		s.wantHeard = at
 	}
 	return nil
 }

@@ -22,13 +22,13 @@ type memTurns struct {
 	lose     map[string]bool // by op: applied, but the answer is lost
 	refuse   map[string]bool // by op: fails, unapplied
 	announce bool
-	watchers map[int]func(string, string)
+	watchers map[int]func(string, string, time.Duration)
 	nextW    int
 }
 
 func newMemTurns(clock *fakeClock, announce bool) *memTurns {
 	return &memTurns{fakeStore: newFakeStore(), clock: clock, lines: map[string]*TurnLine{}, calls: map[string]int{},
-		lose: map[string]bool{}, refuse: map[string]bool{}, announce: announce, watchers: map[int]func(string, string){}}
+		lose: map[string]bool{}, refuse: map[string]bool{}, announce: announce, watchers: map[int]func(string, string, time.Duration){}}
 }
 
 // enter counts a call of op and returns id's line and the error the
@@ -53,45 +53,56 @@ func (m *memTurns) enter(op, id string) (l *TurnLine, answer, err error) {
 	return l, answer, nil
 }
 
-func (m *memTurns) TakeTurn(_ context.Context, id, token string, lease, claim time.Duration) (TurnState, bool, error) {
+func (m *memTurns) TakeTurn(_ context.Context, id, token string, age, lease, claim time.Duration) (TurnState, time.Duration, error) {
 	m.mu.Lock()
 	l, answer, err := m.enter("take", id)
 	if err != nil {
 		m.mu.Unlock()
-		return 0, false, err
+		return 0, NobodyWaiting, err
 	}
-	st, wanted := l.Take(token, m.clock.Now(), lease, claim)
+	now := m.clock.Now()
+	st, first := l.Take(token, now.Add(-age), now, lease, claim)
 	m.mu.Unlock()
 	if st == TurnWaiting {
-		m.changed(id, token)
+		m.changed(id, token, age)
 	}
-	return st, wanted, answer
+	return st, behind(now, first), answer
 }
 
-func (m *memTurns) ClaimTurn(_ context.Context, id, token string, lease, claim time.Duration, nudge bool) (TurnState, bool, error) {
+func (m *memTurns) ClaimTurn(_ context.Context, id, token string, age, lease, claim time.Duration, nudge bool) (TurnState, time.Duration, error) {
 	m.mu.Lock()
 	l, answer, err := m.enter("claim", id)
 	if err != nil {
 		m.mu.Unlock()
-		return 0, false, err
+		return 0, NobodyWaiting, err
 	}
-	st, wanted := l.Claim(token, m.clock.Now(), lease, claim)
+	now := m.clock.Now()
+	st, first := l.Claim(token, now, lease, claim)
 	m.mu.Unlock()
 	if st == TurnWaiting && nudge {
-		m.changed(id, token)
+		m.changed(id, token, age)
 	}
-	return st, wanted, answer
+	return st, behind(now, first), answer
 }
 
-func (m *memTurns) RenewTurn(_ context.Context, id, token string, lease time.Duration) (bool, bool, error) {
+func (m *memTurns) RenewTurn(_ context.Context, id, token string, lease time.Duration) (bool, time.Duration, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	l, answer, err := m.enter("renew", id)
 	if err != nil {
-		return false, false, err
+		return false, NobodyWaiting, err
 	}
-	held, wanted := l.Renew(token, m.clock.Now(), lease)
-	return held, wanted, answer
+	now := m.clock.Now()
+	held, first := l.Renew(token, now, lease)
+	return held, behind(now, first), answer
+}
+
+// behind is a TurnStore's answer for a TurnLine's first arrival.
+func behind(now, first time.Time) time.Duration {
+	if first.IsZero() {
+		return NobodyWaiting
+	}
+	return now.Sub(first)
 }
 
 func (m *memTurns) ReleaseTurn(_ context.Context, id, token string, claim time.Duration) error {
@@ -104,7 +115,7 @@ func (m *memTurns) ReleaseTurn(_ context.Context, id, token string, claim time.D
 	handedOn := l.Release(token, m.clock.Now(), claim)
 	m.mu.Unlock()
 	if handedOn {
-		m.changed(id, "")
+		m.changed(id, "", 0)
 	}
 	return answer
 }
@@ -112,14 +123,14 @@ func (m *memTurns) ReleaseTurn(_ context.Context, id, token string, claim time.D
 func (m *memTurns) Opened(ctx context.Context, id string) error {
 	err := m.fakeStore.Opened(ctx, id)
 	if err == nil {
-		m.changed(id, "")
+		m.changed(id, "", 0)
 	}
 	return err
 }
 
-func (m *memTurns) changed(id, asker string) {
+func (m *memTurns) changed(id, asker string, waited time.Duration) {
 	m.mu.Lock()
-	var ws []func(string, string)
+	var ws []func(string, string, time.Duration)
 	if m.announce {
 		for _, w := range m.watchers {
 			ws = append(ws, w)
@@ -127,11 +138,11 @@ func (m *memTurns) changed(id, asker string) {
 	}
 	m.mu.Unlock()
 	for _, w := range ws {
-		w(StoreKey(id), asker)
+		w(StoreKey(id), asker, waited)
 	}
 }
 
-func (m *memTurns) Watch(changed func(string, string)) func() {
+func (m *memTurns) Watch(changed func(string, string, time.Duration)) func() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	i := m.nextW
@@ -311,6 +322,30 @@ func TestRequestsThatReachedTheHolderBeforeAnAskElsewhereGoFirst(t *testing.T) {
 	}
 }
 
+// A request that reached the holder's instance while that instance's slot
+// was busy asks only later, but says how long it has waited: it still goes
+// before a request that reached another instance after it.
+func TestAnAskCountsFromItsRequestsArrivalNotFromWhenItWasSent(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	a1 := mustGet(t, acquireAsync(t, tabs[0], bg, "s", 0)) // upstream on A
+	b1 := acquireInBackground(tabs[1], "s")                // asks on B at once
+	eventually(t, func() bool { return len(turns.line("s").Waiting) == 1 })
+	clock.Advance(5 * time.Millisecond)
+	a2 := acquireAsync(t, tabs[0], bg, "s", 0) // A's slot is busy: it asks later
+	clock.Advance(5 * time.Millisecond)
+	b2 := acquireAsync(t, tabs[1], bg, "s", 0) // after a2, on B
+	clock.Advance(10 * time.Millisecond)
+	a1.turn.Done(200)
+	first := mustGet(t, b1)
+	eventually(t, func() bool { return len(turns.line("s").Waiting) == 1 }) // a2 asked
+	first.turn.Done(200)
+	second := mustGet(t, a2)
+	mustWait(t, b2)
+	second.turn.Done(200)
+	mustGet(t, b2).turn.Done(200)
+}
+
 // relay passes ch's result on through a channel a test can hand around.
 func relay(ch <-chan result) chan result {
 	out := make(chan result, 1)
@@ -351,7 +386,7 @@ func TestDeadInstancesTurnIsPassedOverWhenItsLeaseRunsOut(t *testing.T) {
 	tabs, turns, clock := newCluster(t, 1, true)
 	openSession(t, turns, "s")
 	// An instance took the turn, then died: nobody renews its lease.
-	if st, _, _ := turns.TakeTurn(bg, "s", "dead", TurnLease, TurnClaim); st != TurnServed {
+	if st, _, _ := turns.TakeTurn(bg, "s", "dead", 0, TurnLease, TurnClaim); st != TurnServed {
 		t.Fatalf("dead instance's ask: %v, want served", st)
 	}
 	waiting := acquireInBackground(tabs[0], "s")
@@ -459,26 +494,42 @@ func TestLostAnswerToAnAskLeavesNoTurnServedToNobody(t *testing.T) {
 func TestAskedTwiceWithOneTokenIsQueuedOnce(t *testing.T) {
 	var l TurnLine
 	now := time.Unix(0, 0)
-	l.Take("a", now, TurnLease, TurnClaim)
+	l.Take("a", now, now, TurnLease, TurnClaim)
 	for range 2 {
-		if st, _ := l.Take("b", now, TurnLease, TurnClaim); st != TurnWaiting {
+		if st, _ := l.Take("b", now, now, TurnLease, TurnClaim); st != TurnWaiting {
 			t.Fatalf("b: %v, want waiting", st)
 		}
 	}
-	if st, wanted := l.Take("a", now, TurnLease, TurnClaim); st != TurnServed || !wanted {
-		t.Fatalf("a again: %v wanted=%v, want served and wanted", st, wanted)
+	if st, first := l.Take("a", now, now, TurnLease, TurnClaim); st != TurnServed || !first.Equal(now) {
+		t.Fatalf("a again: %v, first waiting since %v; want served, b waiting since %v", st, first, now)
 	}
 	if len(l.Waiting) != 1 {
 		t.Fatalf("line %v, want b once", l.Waiting)
 	}
 }
 
+func TestAsksWaitInTheOrderTheirRequestsArrived(t *testing.T) {
+	var l TurnLine
+	now := time.Unix(100, 0)
+	l.Take("holder", now, now, TurnLease, TurnClaim)
+	l.Take("late", now.Add(-time.Millisecond), now, TurnLease, TurnClaim)
+	l.Take("early", now.Add(-time.Second), now, TurnLease, TurnClaim) // asked last, arrived first
+	l.Take("tie", now.Add(-time.Millisecond), now, TurnLease, TurnClaim)
+	var order []string
+	for _, a := range l.Waiting {
+		order = append(order, a.Token)
+	}
+	if want := []string{"early", "late", "tie"}; !slices.Equal(order, want) {
+		t.Fatalf("line %v, want %v", order, want)
+	}
+}
+
 func TestHolderPassedOverCannotHandOnTheNextTurn(t *testing.T) {
 	var l TurnLine
 	now := time.Unix(0, 0)
-	l.Take("late", now, TurnLease, TurnClaim)
-	l.Take("next", now, TurnLease, TurnClaim)
-	l.Take("after", now, TurnLease, TurnClaim)
+	l.Take("late", now, now, TurnLease, TurnClaim)
+	l.Take("next", now, now, TurnLease, TurnClaim)
+	l.Take("after", now, now, TurnLease, TurnClaim)
 	now = now.Add(TurnLease + time.Millisecond)
 	if st, _ := l.Claim("next", now, TurnLease, TurnClaim); st != TurnServed {
 		t.Fatalf("next after the lease ran out: %v, want served", st)
@@ -495,9 +546,9 @@ func TestHolderPassedOverCannotHandOnTheNextTurn(t *testing.T) {
 func TestWithdrawnAskIsSkipped(t *testing.T) {
 	var l TurnLine
 	now := time.Unix(0, 0)
-	l.Take("a", now, TurnLease, TurnClaim)
-	l.Take("gone", now, TurnLease, TurnClaim)
-	l.Take("c", now, TurnLease, TurnClaim)
+	l.Take("a", now, now, TurnLease, TurnClaim)
+	l.Take("gone", now, now, TurnLease, TurnClaim)
+	l.Take("c", now, now, TurnLease, TurnClaim)
 	l.Release("gone", now, TurnClaim)
 	if !l.Release("a", now, TurnClaim) {
 		t.Fatal("release of the holder handed on nothing")
@@ -510,14 +561,14 @@ func TestWithdrawnAskIsSkipped(t *testing.T) {
 func TestUnclaimedTurnIsPassedOverAndItsAskerAsksAgain(t *testing.T) {
 	var l TurnLine
 	now := time.Unix(0, 0)
-	l.Take("a", now, TurnLease, TurnClaim)
-	l.Take("slow", now, TurnLease, TurnClaim)
+	l.Take("a", now, now, TurnLease, TurnClaim)
+	l.Take("slow", now, now, TurnLease, TurnClaim)
 	l.Release("a", now, TurnClaim)
 	now = now.Add(TurnClaim + time.Millisecond)
 	if st, _ := l.Claim("slow", now, TurnLease, TurnClaim); st != TurnPassedOver {
 		t.Fatalf("claim after the window: %v, want passed over", st)
 	}
-	if st, _ := l.Take("slow again", now, TurnLease, TurnClaim); st != TurnServed {
+	if st, _ := l.Take("slow again", now, now, TurnLease, TurnClaim); st != TurnServed {
 		t.Fatalf("new ask: %v, want served (the turn is free)", st)
 	}
 }
@@ -534,11 +585,11 @@ func TestLostLineIsTakenUpAgainByItsHolderOnly(t *testing.T) {
 	if held, _ := lost.Renew("holder", time.Unix(0, 0), TurnLease); !held {
 		t.Fatal("the holder's renewal did not take up its lost line")
 	}
-	if st, _ := lost.Take("other", time.Unix(0, 0), TurnLease, TurnClaim); st != TurnWaiting {
+	if st, _ := lost.Take("other", time.Unix(0, 0), time.Unix(0, 0), TurnLease, TurnClaim); st != TurnWaiting {
 		t.Fatalf("another ask on the line taken up again: %v, want waiting", st)
 	}
 	freed := TurnLine{}
-	freed.Take("a", time.Unix(0, 0), TurnLease, TurnClaim)
+	freed.Take("a", time.Unix(0, 0), time.Unix(0, 0), TurnLease, TurnClaim)
 	freed.Release("a", time.Unix(1, 0), TurnClaim)
 	if held, _ := freed.Renew("a", time.Unix(1, 0), TurnLease); held {
 		t.Fatal("a late renewal took up a line its holder had released")
@@ -735,11 +786,11 @@ type blockingWatcher struct {
 	*memTurns
 	delivering chan struct{}
 	mu         sync.Mutex
-	changed    func(string, string)
+	changed    func(string, string, time.Duration)
 	stopped    chan struct{}
 }
 
-func (b *blockingWatcher) Watch(changed func(string, string)) func() {
+func (b *blockingWatcher) Watch(changed func(string, string, time.Duration)) func() {
 	b.mu.Lock()
 	b.changed = changed
 	b.stopped = make(chan struct{})
@@ -753,7 +804,7 @@ func (b *blockingWatcher) deliver(key string) {
 	b.mu.Unlock()
 	close(b.delivering)
 	time.Sleep(10 * time.Millisecond) // let Configure start stopping the watch
-	changed(key, "")
+	changed(key, "", 0)
 	close(stopped)
 }
 

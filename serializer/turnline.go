@@ -14,63 +14,76 @@ import (
 // turnTokens), so a call can be sent again after its answer was lost, and
 // a line that an engine rolled back or lost never mistakes a new holder
 // for an old one. Holder is the token whose turn it is, "" when the turn
-// is free; Waiting holds the others in the order they asked. Until ends
+// is free; Waiting holds the others in the order their requests arrived
+// (on the engine's clock: the engine subtracts how long ago each arrived
+// from its own time, so the instances' clocks need not agree). Until ends
 // the holder's lease, or its claim window while it has not claimed a turn
 // handed to it; it is zero only on a line the engine does not have.
 type TurnLine struct {
 	Holder  string
 	Until   time.Time
-	Waiting []string
+	Waiting []TurnAsk
 }
 
-// Take asks for the turn for token: it is served at once if the turn is
-// free, else it waits in line. wanted says that others wait behind a
-// token served. Taking again with the same token (its
+// TurnAsk is a token waiting in a TurnLine, and when its request arrived.
+type TurnAsk struct {
+	Token   string
+	Arrived time.Time
+}
+
+// Take asks for the turn for token, whose request arrived at arrived: it
+// is served at once if the turn is free, else it waits in line, behind the
+// requests that arrived no later. Taking again with the same token (its
 // first answer was lost) answers as Claim does and never queues it twice.
-func (l *TurnLine) Take(token string, now time.Time, lease, claim time.Duration) (state TurnState, wanted bool) {
+// first, for a token served, is when the first request waiting behind it
+// arrived (zero: none waits).
+func (l *TurnLine) Take(token string, arrived, now time.Time, lease, claim time.Duration) (state TurnState, first time.Time) {
 	l.passOver(now, claim)
 	if l.Holder == "" {
 		l.Holder = token
 	}
 	if l.Holder == token {
 		l.Until = now.Add(lease)
-		return TurnServed, len(l.Waiting) > 0
+		return TurnServed, l.firstArrival()
 	}
-	if !slices.Contains(l.Waiting, token) {
-		l.Waiting = append(l.Waiting, token)
+	if l.waiting(token) < 0 {
+		i := len(l.Waiting)
+		for i > 0 && l.Waiting[i-1].Arrived.After(arrived) {
+			i--
+		}
+		l.Waiting = slices.Insert(l.Waiting, i, TurnAsk{token, arrived})
 	}
-	return TurnWaiting, false
+	return TurnWaiting, time.Time{}
 }
 
 // Claim says where token stands, and starts its lease if its turn came;
-// wanted as for Take.
-// A token the line does not know (it was passed over, or the engine lost
-// the line) is told so, and asks again.
-func (l *TurnLine) Claim(token string, now time.Time, lease, claim time.Duration) (state TurnState, wanted bool) {
+// first as for Take. A token the line does not know (it was passed over,
+// or the engine lost the line) is told so, and asks again.
+func (l *TurnLine) Claim(token string, now time.Time, lease, claim time.Duration) (state TurnState, first time.Time) {
 	l.passOver(now, claim)
 	switch {
 	case l.Holder == token:
 		l.Until = now.Add(lease)
-		return TurnServed, len(l.Waiting) > 0
-	case slices.Contains(l.Waiting, token):
-		return TurnWaiting, false
+		return TurnServed, l.firstArrival()
+	case l.waiting(token) >= 0:
+		return TurnWaiting, time.Time{}
 	}
-	return TurnPassedOver, false
+	return TurnPassedOver, time.Time{}
 }
 
 // Renew extends the lease of token if it holds the turn, and says whether
-// it does and whether others wait for it. A line the engine no longer has
-// at all (a restart, the zero TurnLine) is taken up again by its holder,
-// so that nobody else is served while its exchange runs.
-func (l *TurnLine) Renew(token string, now time.Time, lease time.Duration) (held, wanted bool) {
+// it does; first as for Take. A line the engine no longer has at all (a
+// restart, the zero TurnLine) is taken up again by its holder, so that
+// nobody else is served while its exchange runs.
+func (l *TurnLine) Renew(token string, now time.Time, lease time.Duration) (held bool, first time.Time) {
 	if l.Holder == "" && l.Until.IsZero() {
 		l.Holder = token
 	}
 	if l.Holder != token {
-		return false, false
+		return false, time.Time{}
 	}
 	l.Until = now.Add(lease)
-	return true, len(l.Waiting) > 0
+	return true, l.firstArrival()
 }
 
 // Release gives up token's turn, handing it to the first in line, or
@@ -81,10 +94,23 @@ func (l *TurnLine) Release(token string, now time.Time, claim time.Duration) (ha
 		l.advance(now, claim)
 		return l.Holder != ""
 	}
-	if i := slices.Index(l.Waiting, token); i >= 0 {
+	if i := l.waiting(token); i >= 0 {
 		l.Waiting = slices.Delete(l.Waiting, i, i+1)
 	}
 	return false
+}
+
+// waiting is token's place in line, or -1.
+func (l *TurnLine) waiting(token string) int {
+	return slices.IndexFunc(l.Waiting, func(a TurnAsk) bool { return a.Token == token })
+}
+
+// firstArrival is when the first request in line arrived; zero if none.
+func (l *TurnLine) firstArrival() time.Time {
+	if len(l.Waiting) == 0 {
+		return time.Time{}
+	}
+	return l.Waiting[0].Arrived
 }
 
 // passOver moves the turn past a holder whose lease, or claim window, has
@@ -100,7 +126,7 @@ func (l *TurnLine) passOver(now time.Time, claim time.Duration) {
 func (l *TurnLine) advance(now time.Time, claim time.Duration) {
 	l.Holder, l.Until = "", now
 	if len(l.Waiting) > 0 {
-		l.Holder, l.Waiting = l.Waiting[0], l.Waiting[1:]
+		l.Holder, l.Waiting = l.Waiting[0].Token, l.Waiting[1:]
 		l.Until = now.Add(claim)
 	}
 }
