@@ -62,12 +62,11 @@ const (
 	opClaim
 	opRenew
 	opRelease
-	opAnnounce
 	numStateOps
 )
 
 var stateOpNames = [numStateOps]string{"created", "initialize_ended", "opened", "touch", "forget", "lookup",
-	"take", "claim", "renew", "release", "announce"}
+	"take", "claim", "renew", "release"}
 
 func (o stateOp) String() string { return stateOpNames[o] }
 
@@ -106,6 +105,9 @@ type sharedState struct {
 
 	batch  batchEngine // the engine, when it takes writes in batches
 	writes writeQueue  // with batch: the writes not sent yet
+	// announceOpened makes an Opened also tell every instance, in the same
+	// call (order cluster: requests held at the gate elsewhere go at once).
+	announceOpened bool
 
 	errors [numStateOps]prometheus.Counter
 	warns  [numStateOps]warnLimiter
@@ -153,7 +155,7 @@ func (s *sharedState) InitializeEnded(ctx context.Context, id string) error {
 
 func (s *sharedState) Opened(ctx context.Context, id string) error {
 	if s.batch != nil {
-		return s.write(ctx, id, &stateWrite{op: opOpened, key: serializer.StoreKey(id)})
+		return s.write(ctx, id, &stateWrite{op: opOpened, key: serializer.StoreKey(id), announce: s.announceOpened})
 	}
 	_, err := bounded(s, ctx, opOpened, id, serializer.StoreKey(id), func(ctx context.Context, key string) (struct{}, error) {
 		return struct{}{}, s.engine.Opened(ctx, key, s.ttl)

@@ -24,8 +24,7 @@ type TurnEngine interface {
 	ClaimTurn(ctx context.Context, key, token string, age, lease, claim time.Duration, nudge bool) (serializer.TurnState, time.Duration, error)
 	RenewTurn(ctx context.Context, key, token string, lease time.Duration) (held bool, behind time.Duration, err error)
 	ReleaseTurn(ctx context.Context, key, token string, claim time.Duration) error
-	// Announce tells every instance's Watch that key's record changed.
-	Announce(ctx context.Context, key string) error
+	// Watch calls changed for every announcement (serializer.Watcher).
 	Watch(changed func(key, asker string, waited time.Duration)) (stop func())
 	Announcing() bool
 }
@@ -40,19 +39,8 @@ type clusterState struct {
 }
 
 func newClusterState(shared *sharedState, turns TurnEngine) *clusterState {
+	shared.announceOpened = true
 	return &clusterState{shared, turns}
-}
-
-// Opened marks the record open, then announces it: requests held at the
-// gate on other instances go at once.
-func (c *clusterState) Opened(ctx context.Context, id string) error {
-	if err := c.sharedState.Opened(ctx, id); err != nil {
-		return err
-	}
-	_, err := bounded(c.sharedState, ctx, opAnnounce, id, serializer.StoreKey(id), func(ctx context.Context, key string) (struct{}, error) {
-		return struct{}{}, c.turns.Announce(ctx, key)
-	})
-	return err
 }
 
 // turnAnswers is what a turn call answers, through bounded.

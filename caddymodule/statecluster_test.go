@@ -132,10 +132,15 @@ func TestRedisAnnouncesAsksHandOnsAndOpenedGates(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect(heardMsg{"k", "", 0})
-	if err := eng.Announce(ctx, "opened"); err != nil {
+	shared := newSharedState(eng, time.Hour, zap.NewNop())
+	cluster := newClusterState(shared, eng)
+	if err := cluster.Created(ctx, "s", time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	expect(heardMsg{"opened", "", 0})
+	if err := cluster.Opened(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	expect(heardMsg{serializer.StoreKey("s"), "", 0})
 	if err := eng.ReleaseTurn(ctx, "k", "second", time.Second); err != nil {
 		t.Fatal(err)
 	}

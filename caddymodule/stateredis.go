@@ -224,7 +224,9 @@ return 1
 // updateScript applies one update to an existing record, atomically, so
 // that updates from several instances never regress it: fields only move
 // towards open, and a missing record stays missing. KEYS[1] the record;
-// ARGV: op (ended, opened, touch), ttl (ms). An open record lives ttl
+// ARGV: op (ended, opened, touch), ttl (ms), and for opened a channel
+// ("" for none) to announce the key (ARGV[4]) on, through pcall so that a
+// refused announcement never undoes the write. An open record lives ttl
 // from now; an initializing one only ever gets longer, never shorter than
 // the life Created gave it (up to its init deadline): the same expiry as
 // serializer.RecordTTL's, without the deadline, which this call lacks.
@@ -232,6 +234,7 @@ var updateScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if ARGV[1] == 'opened' then
   redis.call('HSET', KEYS[1], 'open', '1', 'inflight', '0')
+  if ARGV[3] ~= '' then redis.pcall('PUBLISH', ARGV[3], ARGV[4]) end
 elseif ARGV[1] == 'ended' then
   redis.call('HSET', KEYS[1], 'inflight', '0')
 end

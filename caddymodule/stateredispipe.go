@@ -66,7 +66,11 @@ func (r *RedisState) queueWrite(ctx context.Context, p redis.Pipeliner, w *state
 	case opInitializeEnded:
 		return eval(updateScript, ctx, p, keys, "ended", ttl.Milliseconds())
 	case opOpened:
-		return eval(updateScript, ctx, p, keys, "opened", ttl.Milliseconds())
+		channel := ""
+		if w.announce {
+			channel = r.changedChannel()
+		}
+		return eval(updateScript, ctx, p, keys, "opened", ttl.Milliseconds(), channel, w.key)
 	case opTouch:
 		return eval(updateScript, ctx, p, keys, "touch", ttl.Milliseconds())
 	case opForget:

@@ -218,19 +218,6 @@ func (r *RedisState) releaseAt(ctx context.Context, key, token string, claim tim
 	return v.a == 1, err
 }
 
-// Announce tells every instance that the session key's record changed.
-func (r *RedisState) Announce(ctx context.Context, key string) error {
-	err := r.client.Publish(ctx, r.changedChannel(), key).Err()
-	switch {
-	case redis.HasErrorPrefix(err, "NOPERM"):
-		r.announced(-1)
-		return nil // refused for good: counted and logged once, not per call
-	case err == nil:
-		r.announced(1)
-	}
-	return err
-}
-
 // announcements is what the engine knows of its channel: whether its
 // subscription is confirmed and whether the server lets it publish.
 type announcements struct {

@@ -30,6 +30,7 @@ type stateWrite struct {
 	op       stateOp // opCreated, opInitializeEnded, opOpened, opTouch or opForget
 	key      string
 	deadline time.Time // opCreated's init deadline
+	announce bool      // opOpened: tell every instance (order cluster)
 	err      error     // the engine's answer
 
 	state atomic.Uint32 // writeQueued, then writeSent or writeAbandoned
@@ -159,7 +160,7 @@ func (s *sharedState) QueueInitializeEnded(id string) bool {
 
 // QueueOpened is Opened with nobody waiting.
 func (s *sharedState) QueueOpened(id string) bool {
-	return s.queue(id, &stateWrite{op: opOpened, key: serializer.StoreKey(id)})
+	return s.queue(id, &stateWrite{op: opOpened, key: serializer.StoreKey(id), announce: s.announceOpened})
 }
 
 // QueueForget is Forget with nobody waiting, "not found" remembered as

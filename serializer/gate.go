@@ -247,7 +247,7 @@ func (s *Session) endedUpstream() {
 	defer s.mu.Unlock()
 	s.gone = true
 	s.record(opForget)
-	s.idleGrantGone()
+	s.sessionEndedWithGrant()
 	if s.gate == gateInitializing {
 		s.openGate()
 		s.dispatch()

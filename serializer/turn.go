@@ -419,7 +419,20 @@ func (s *Session) turnAsked(asker string, waited time.Duration) (handOn *turnGra
 	return nil
 }
 
-// idleGrantGone: the session ended or was forgotten; a grant it holds
+// sessionEndedWithGrant: the session ended upstream (DELETE, or a 404):
+// no request of it will ask for its turn again, so a grant it holds with
+// no exchange running is dropped without a call; its line lapses on the
+// engine. Caller holds s.mu.
+func (s *Session) sessionEndedWithGrant() {
+	if g := s.clusterGrant; g != nil && !g.inUse {
+		s.clusterGrant = nil
+		if g.unwatch != nil {
+			g.unwatch()
+		}
+	}
+}
+
+// idleGrantGone: the session was forgotten or dropped; a grant it holds
 // with no exchange running is handed on. Caller holds s.mu.
 func (s *Session) idleGrantGone() {
 	if g := s.clusterGrant; g != nil && !g.inUse {

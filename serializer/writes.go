@@ -15,16 +15,15 @@ func strongestWrite(ops []storeOp) storeOp {
 
 // WriteQueue is a Store that takes a session's later writes without
 // blocking: it queues them and sends them within its own bounds. A table
-// without cluster turns hands InitializeEnded, Opened and Forget to it as
-// they happen, under the session's lock, instead of sending them one at a
-// time from a goroutine per session. A session's writes may then land in
-// any order among themselves, never before its Created returned, which the
-// Store's rules make harmless: no write turns an open record back into an
-// initializing one or recreates a missing one, so Opened and Forget end
-// where they would have in order. The store must keep that true for
-// writes that overlap (the redis engine's are atomic scripts). With
-// cluster turns the Store's Opened also tells the other instances, after
-// its write, so the table calls it as any Store's.
+// hands InitializeEnded, Opened and Forget to it as they happen, under the
+// session's lock, instead of sending them one at a time from a goroutine
+// per session. A session's writes may then land in any order among
+// themselves, never before its Created returned, which the Store's rules
+// make harmless: no write turns an open record back into an initializing
+// one or recreates a missing one, so Opened and Forget end where they
+// would have in order. The store must keep that true for writes that
+// overlap (the redis engine's are atomic scripts), and, as a Watcher,
+// announce an Opened once it is written.
 type WriteQueue interface {
 	// QueueInitializeEnded, QueueOpened and QueueForget hand the write
 	// over and return at once, without calling back into the table;
@@ -40,7 +39,7 @@ type WriteQueue interface {
 // which op must follow. Caller holds s.mu.
 func (s *Session) queueWrite(cfg *Config, op storeOp) bool {
 	q, ok := cfg.Store.(WriteQueue)
-	if !ok || cfg.Turns != nil || s.writing {
+	if !ok || s.writing {
 		return false
 	}
 	switch op {
