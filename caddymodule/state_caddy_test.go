@@ -17,7 +17,10 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/mcpserializer/caddy-mcp-serializer/caddymodule"
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
 // connect runs a session's opening exchanges through url and fails unless
@@ -245,5 +248,53 @@ func TestHandlersSharingATableMustAgreeOnState(t *testing.T) {
 		if msg := err.Error(); !strings.Contains(msg, "state:") || strings.Contains(msg, "secret") {
 			t.Errorf("error %q: want one naming state, without its settings", msg)
 		}
+	}
+}
+
+// An exchange whose instance cannot renew the session's cluster turn (here
+// Redis pauses every client's writes) is stopped upstream before the lease may
+// lapse, when another instance could start the session's next exchange,
+// and its client gets a clear error: 503 with a JSON-RPC error.
+func TestExchangeIsStoppedWhenItsClusterTurnCannotBeRenewed(t *testing.T) {
+	redisAddr := caddymodule.StartRedis(t)
+	const sid = "lapsing"
+	upstreamGaveUp := make(chan time.Duration, 1)
+	_, addr := newUpstream(t, mcpAnswer(sid, func(m rpcMsg, w http.ResponseWriter, r *http.Request) bool {
+		if m.Method != "tools/call" {
+			return false
+		}
+		start := time.Now()
+		select { // a long tool call
+		case <-r.Context().Done():
+			upstreamGaveUp <- time.Since(start)
+		case <-time.After(15 * time.Second):
+		}
+		return true
+	}))
+	c := startCaddy(t, "mcp_serializer {\n\tstate redis "+redisAddr+"\n}\nreverse_proxy "+addr)
+	initialize(t, c, sid)
+	ctx := context.Background()
+	if a := call(ctx, http.DefaultClient, http.MethodPost, c.url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); a.status != http.StatusAccepted {
+		t.Fatalf("initialized: %d %s", a.status, a.body)
+	}
+	long := callAsync(ctx, http.MethodPost, c.url, sid, rpcRequest("3", "tools/call"))
+	time.Sleep(200 * time.Millisecond) // upstream, holding the turn
+	pause := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer pause.Close()
+	if err := pause.Do(ctx, "CLIENT", "PAUSE", "10000", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer pause.Do(ctx, "CLIENT", "UNPAUSE")
+	a := await(t, long, 10*time.Second, "the long call")
+	if a.status != http.StatusServiceUnavailable || !strings.Contains(string(a.body), `"id":3`) || !strings.Contains(string(a.body), "lost the session's turn") {
+		t.Fatalf("long call: %d %s; want 503 with a JSON-RPC error for id 3", a.status, a.body)
+	}
+	select {
+	case d := <-upstreamGaveUp:
+		if d >= serializer.TurnLease {
+			t.Fatalf("the exchange ran %s upstream, past the turn's lease (%s)", d, serializer.TurnLease)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the upstream request was not cancelled")
 	}
 }
