@@ -51,8 +51,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := settingsSeen{}
 	for d.NextBlock(0) {
 		setting := d.Val()
+		if err := seen.once(d, setting); err != nil {
+			return err
+		}
 		if !d.NextArg() {
 			return d.ArgErr()
 		}
@@ -100,6 +104,18 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// settingsSeen refuses a setting given twice in one block: the second
+// would silently override the first.
+type settingsSeen map[string]bool
+
+func (s settingsSeen) once(d *caddyfile.Dispenser, setting string) error {
+	if s[setting] {
+		return d.Errf("%s: given twice", setting)
+	}
+	s[setting] = true
 	return nil
 }
 

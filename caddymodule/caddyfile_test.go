@@ -81,6 +81,15 @@ func TestCaddyfileRejectsBadSettings(t *testing.T) {
 		{"state storage {\n sweep_interval often\n }", "sweep_interval"},
 		{"state storage {\n bogus 1\n }", `unrecognized storage state setting "bogus"`},
 		{"state storage somewhere", "wrong argument count"},
+		// A setting given twice would silently override the first.
+		{"max_queue 3\n max_queue 4", "max_queue: given twice"},
+		{"state storage\n state redis", "state: given twice"},
+		{"state redis {\n timeout 1s\n timeout 2s\n }", "timeout: given twice"},
+		{"state redis {\n address 127.0.0.1:1\n address 127.0.0.1:2\n }", "address: given twice"},
+		{"state storage {\n timeout 1s\n timeout 2s\n }", "timeout: given twice"},
+		{"state redis {\n tls off\n tls_ca_file /etc/ca.pem\n }", "tls off beside tls_ca_file"},
+		{"state redis {\n tls_cert_file /etc/c.pem\n tls off\n }", "tls off beside tls_cert_file"},
+		{"state redis {\n sentinel\n }", "wrong argument count"},
 	} {
 		caddyfile := "http://localhost {\n\tmcp_serializer {\n\t\t" + tc.body + "\n\t}\n\trespond ok\n}\n"
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)

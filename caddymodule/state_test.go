@@ -342,8 +342,51 @@ func TestRedisOverTLS(t *testing.T) {
 	}
 }
 
-// writeTestCerts writes a CA and a server certificate for redis.test,
-// signed by it, as PEM files.
+// A server that requires client certificates (mutual TLS) serves the
+// module given tls_cert_file and tls_key_file, and refuses it without: the
+// failures are counted and logged at WARN, once per interval.
+func TestRedisWithClientCertificates(t *testing.T) {
+	dir := t.TempDir()
+	caFile, certFile, keyFile := writeTestCerts(t, dir)
+	port := loopbackPort(t)
+	addr, _ := runRedis(t, port, "--port", "0", "--tls-port", strconv.Itoa(port),
+		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile,
+		"--tls-auth-clients", "yes")
+	ctx := context.Background()
+	eng := loadEngine(t, nil, "redis", map[string]any{
+		"address": []string{addr}, "tls_ca_file": caFile, "tls_server_name": "redis.test",
+		"tls_cert_file": certFile, "tls_key_file": keyFile,
+	}).(*RedisState)
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	if err := store.Created(ctx, "s", time.Now().Add(time.Minute)); err != nil {
+		t.Fatalf("Created with a client certificate: %v", err)
+	}
+	if _, found, err := store.Lookup(ctx, "s"); err != nil || !found {
+		t.Fatalf("Lookup with a client certificate = %v, %v", found, err)
+	}
+
+	without := loadEngine(t, nil, "redis", map[string]any{
+		"address": []string{addr}, "tls_ca_file": caFile, "tls_server_name": "redis.test",
+	}).(*RedisState)
+	core, logs := observer.New(zap.WarnLevel)
+	refused := newSharedState(without, time.Hour, zap.New(core))
+	counter := metrics.stateErrors.WithLabelValues("lookup")
+	before := testutil.ToFloat64(counter)
+	for range 2 {
+		if _, _, err := refused.Lookup(ctx, "s"); err == nil {
+			t.Fatal("a server requiring a client certificate answered without one")
+		}
+	}
+	if n := testutil.ToFloat64(counter) - before; n != 2 {
+		t.Fatalf("%v failed lookups counted, want 2", n)
+	}
+	if n := logs.Len(); n != 1 {
+		t.Fatalf("%d WARNs for two refused lookups, want 1", n)
+	}
+}
+
+// writeTestCerts writes a CA and a certificate for redis.test, signed by
+// it, as PEM files: the server's, and a client's for mutual TLS.
 func writeTestCerts(t *testing.T, dir string) (caFile, certFile, keyFile string) {
 	t.Helper()
 	newKey := func() *ecdsa.PrivateKey {
@@ -367,7 +410,7 @@ func writeTestCerts(t *testing.T, dir string) (caFile, certFile, keyFile string)
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "redis.test"},
 		DNSNames:  []string{"redis.test"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
 	serverDER, err := x509.CreateCertificate(rand.Reader, server, ca, &serverKey.PublicKey, caKey)
 	if err != nil {
@@ -1147,6 +1190,17 @@ func TestStateEnginesRejectBadSettingsNamingThem(t *testing.T) {
 		{"redis", map[string]any{"db": 2, "address": []string{"127.0.0.1:1", "127.0.0.1:2"}}, "db"},
 		{"redis", map[string]any{"timeout": "-1s"}, "timeout"},
 		{"redis", map[string]any{"tls_ca_file": "/nonexistent/ca.pem"}, "tls_ca_file"},
+		{"redis", map[string]any{"db": 2, "cluster": true, "address": []string{"127.0.0.1:1"}}, "db"},
+		{"redis", map[string]any{"cluster": true}, "cluster needs address"},
+		{"redis", map[string]any{"sentinel": []string{"127.0.0.1:26379"}}, "sentinel needs master_name"},
+		{"redis", map[string]any{"master_name": "mymaster"}, "master_name needs sentinel"},
+		{"redis", map[string]any{"sentinel": []string{"127.0.0.1:26379"}, "master_name": "m", "address": []string{"127.0.0.1:6379"}}, "sentinel and address together"},
+		{"redis", map[string]any{"sentinel": []string{"127.0.0.1:26379"}, "master_name": "m", "cluster": true}, "sentinel and cluster together"},
+		{"redis", map[string]any{"sentinel": []string{"127.0.0.1"}, "master_name": "m"}, "sentinel"},
+		{"redis", map[string]any{"sentinel_password": "x"}, "sentinel_username and sentinel_password need sentinel"},
+		{"redis", map[string]any{"tls_cert_file": "/etc/c.pem"}, "tls_cert_file needs tls_key_file"},
+		{"redis", map[string]any{"tls_key_file": "/etc/c.key"}, "tls_key_file needs tls_cert_file"},
+		{"redis", map[string]any{"tls_cert_file": "/nonexistent/c.pem", "tls_key_file": "/nonexistent/c.key"}, "tls_cert_file, tls_key_file"},
 		{"storage", map[string]any{"timeout": "-1s"}, "timeout"},
 		{"storage", map[string]any{"sweep_interval": "-1s"}, "sweep_interval"},
 	} {

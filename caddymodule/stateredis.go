@@ -37,8 +37,19 @@ const (
 type RedisState struct {
 	// host:port of the server. Several addresses are the seed nodes of a
 	// Redis Cluster. Placeholders such as {env.REDIS_ADDR} are resolved.
-	// Default: 127.0.0.1:6379.
+	// Default: 127.0.0.1:6379 (none with sentinel).
 	Address []string `json:"address,omitempty"`
+	// The one address is a Redis Cluster's (a managed service's
+	// configuration endpoint): a cluster client, which follows MOVED.
+	Cluster bool `json:"cluster,omitempty"`
+	// host:port of the Sentinels that watch MasterName, instead of
+	// Address: the client asks them for the master and follows failovers.
+	Sentinel   []string `json:"sentinel,omitempty"`
+	MasterName string   `json:"master_name,omitempty"`
+	// The Sentinels' own ACL user and password, if they need one
+	// (placeholders resolved).
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+	SentinelPassword string `json:"sentinel_password,omitempty"`
 	// ACL user name and password (placeholders resolved, so the password
 	// can stay out of the config: {env.REDIS_PASSWORD}).
 	Username string `json:"username,omitempty"`
@@ -54,6 +65,11 @@ type RedisState struct {
 	TLSInsecureSkipVerify bool `json:"tls_insecure_skip_verify,omitempty"`
 	// PEM file of the CAs to trust instead of the system's.
 	TLSCAFile string `json:"tls_ca_file,omitempty"`
+	// PEM files of a client certificate and its key, for a server that
+	// requires one (mutual TLS); checked when the config loads.
+	// Placeholders resolved.
+	TLSCertFile string `json:"tls_cert_file,omitempty"`
+	TLSKeyFile  string `json:"tls_key_file,omitempty"`
 	// Prefix of every key. Default: "mcp_serializer:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 	// Longest wait for one call; a call that takes longer counts as
@@ -78,14 +94,20 @@ func (RedisState) CaddyModule() caddy.ModuleInfo {
 // connection settings share one across reloads, so a reload does not drop
 // connections under writes in flight.
 type redisConn struct {
-	Addrs      []string
-	Username   string
-	Password   string
-	DB         int
-	TLS        bool
-	ServerName string
-	Insecure   bool
-	CAFile     string
+	Addrs            []string // the server, the cluster's seeds, or the sentinels
+	Cluster          bool
+	MasterName       string
+	Username         string
+	Password         string
+	SentinelUsername string
+	SentinelPassword string
+	DB               int
+	TLS              bool
+	ServerName       string
+	Insecure         bool
+	CAFile           string
+	CertFile         string
+	KeyFile          string
 }
 
 // redisClients holds the clients by connection settings across reloads.
@@ -101,31 +123,45 @@ func (c pooledRedis) Destruct() error { return c.Close() }
 // does not stop Caddy.
 func (r *RedisState) Provision(ctx caddy.Context) error {
 	r.logger, r.announcements = ctx.Logger(), new(announcements)
+	if err := r.checkCombinations(); err != nil {
+		return err
+	}
 	repl := caddy.NewReplacer()
-	if len(r.Address) == 0 {
+	if len(r.Address) == 0 && len(r.Sentinel) == 0 {
 		r.Address = []string{defaultRedisAddress}
 	}
 	conn := redisConn{
-		Username:   repl.ReplaceKnown(r.Username, ""),
-		Password:   repl.ReplaceKnown(r.Password, ""),
-		DB:         r.DB,
-		TLS:        r.TLS || r.TLSServerName != "" || r.TLSInsecureSkipVerify || r.TLSCAFile != "",
-		ServerName: repl.ReplaceKnown(r.TLSServerName, ""),
-		Insecure:   r.TLSInsecureSkipVerify,
-		CAFile:     repl.ReplaceKnown(r.TLSCAFile, ""),
+		Cluster:          r.Cluster || len(r.Address) > 1,
+		MasterName:       repl.ReplaceKnown(r.MasterName, ""),
+		Username:         repl.ReplaceKnown(r.Username, ""),
+		Password:         repl.ReplaceKnown(r.Password, ""),
+		SentinelUsername: repl.ReplaceKnown(r.SentinelUsername, ""),
+		SentinelPassword: repl.ReplaceKnown(r.SentinelPassword, ""),
+		DB:               r.DB,
+		TLS:              r.TLS || r.TLSServerName != "" || r.TLSInsecureSkipVerify || r.TLSCAFile != "" || r.TLSCertFile != "",
+		ServerName:       repl.ReplaceKnown(r.TLSServerName, ""),
+		Insecure:         r.TLSInsecureSkipVerify,
+		CAFile:           repl.ReplaceKnown(r.TLSCAFile, ""),
+		CertFile:         repl.ReplaceKnown(r.TLSCertFile, ""),
+		KeyFile:          repl.ReplaceKnown(r.TLSKeyFile, ""),
 	}
-	for _, a := range r.Address {
-		addr := repl.ReplaceKnown(a, "")
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return fmt.Errorf("address %q: want host:port: %v", a, err)
+	for _, list := range []struct {
+		setting string
+		addrs   []string
+	}{{"address", r.Address}, {"sentinel", r.Sentinel}} {
+		for _, a := range list.addrs {
+			addr := repl.ReplaceKnown(a, "")
+			if _, _, err := net.SplitHostPort(addr); err != nil {
+				return fmt.Errorf("%s %q: want host:port: %v", list.setting, a, err)
+			}
+			conn.Addrs = append(conn.Addrs, addr)
 		}
-		conn.Addrs = append(conn.Addrs, addr)
 	}
 	switch {
 	case r.DB < 0:
 		return fmt.Errorf("db must be 0 or more, got %d", r.DB)
-	case r.DB != 0 && len(conn.Addrs) > 1:
-		return fmt.Errorf("db: several addresses make a Redis Cluster, which has only db 0, got %d", r.DB)
+	case r.DB != 0 && conn.Cluster:
+		return fmt.Errorf("db: a Redis Cluster (cluster, or several addresses) has only db 0, got %d", r.DB)
 	case r.Timeout < 0:
 		return fmt.Errorf("timeout must be positive, got %s", time.Duration(r.Timeout))
 	case r.Timeout == 0:
@@ -153,14 +189,42 @@ func (r *RedisState) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// checkCombinations refuses settings that cannot go together, naming
+// them: one way to find the server, and a client certificate with its key.
+func (r *RedisState) checkCombinations() error {
+	switch {
+	case len(r.Sentinel) > 0 && len(r.Address) > 0:
+		return errors.New("sentinel and address together: with sentinel, give the sentinels' addresses only (the master is found through them)")
+	case len(r.Sentinel) > 0 && r.Cluster:
+		return errors.New("sentinel and cluster together: a Redis Cluster has no sentinels")
+	case len(r.Sentinel) > 0 && r.MasterName == "":
+		return errors.New("sentinel needs master_name, the name the sentinels watch the master by")
+	case len(r.Sentinel) == 0 && r.MasterName != "":
+		return errors.New("master_name needs sentinel, the sentinels' addresses")
+	case len(r.Sentinel) == 0 && (r.SentinelUsername != "" || r.SentinelPassword != ""):
+		return errors.New("sentinel_username and sentinel_password need sentinel")
+	case r.Cluster && len(r.Address) == 0:
+		return errors.New("cluster needs address, the cluster's configuration endpoint")
+	case r.TLSCertFile != "" && r.TLSKeyFile == "":
+		return errors.New("tls_cert_file needs tls_key_file, the certificate's private key")
+	case r.TLSKeyFile != "" && r.TLSCertFile == "":
+		return errors.New("tls_key_file needs tls_cert_file, the certificate it is the key of")
+	}
+	return nil
+}
+
 // options makes the client's settings: one address is a plain client,
-// several a cluster client.
+// several (or cluster) a cluster client, sentinels a failover client.
 func (c redisConn) options() (*redis.UniversalOptions, error) {
 	opts := &redis.UniversalOptions{
-		Addrs:    c.Addrs,
-		Username: c.Username,
-		Password: c.Password,
-		DB:       c.DB,
+		Addrs:            c.Addrs,
+		IsClusterMode:    c.Cluster,
+		MasterName:       c.MasterName,
+		Username:         c.Username,
+		Password:         c.Password,
+		SentinelUsername: c.SentinelUsername,
+		SentinelPassword: c.SentinelPassword,
+		DB:               c.DB,
 		// Each call's context carries the engine's timeout; socket
 		// timeouts follow it instead of go-redis' own 3s.
 		ContextTimeoutEnabled: true,
@@ -195,6 +259,13 @@ func (c redisConn) options() (*redis.UniversalOptions, error) {
 				return nil, fmt.Errorf("tls_ca_file: no PEM certificate in %s", c.CAFile)
 			}
 			opts.TLSConfig.RootCAs = pool
+		}
+		if c.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("tls_cert_file, tls_key_file: %v", err)
+			}
+			opts.TLSConfig.Certificates = []tls.Certificate{cert}
 		}
 	}
 	return opts, nil
@@ -298,6 +369,11 @@ func (r *RedisState) Lookup(ctx context.Context, key string) (serializer.Record,
 //
 //	redis [<address>...] {
 //	    address                  <host:port>...
+//	    cluster
+//	    sentinel                 <host:port>...
+//	    master_name              <name>
+//	    sentinel_username        <name>
+//	    sentinel_password        <password>
 //	    username                 <name>
 //	    password                 <password>
 //	    db                       <number>
@@ -305,32 +381,47 @@ func (r *RedisState) Lookup(ctx context.Context, key string) (serializer.Record,
 //	    tls_server_name          <name>
 //	    tls_insecure_skip_verify
 //	    tls_ca_file              <path>
+//	    tls_cert_file            <path>
+//	    tls_key_file             <path>
 //	    key_prefix               <prefix>
 //	    timeout                  <duration>
 //	}
 //
-// Every setting is optional; defaults are applied in Provision.
+// Every setting is optional and given once; defaults are applied in
+// Provision, which refuses settings that cannot go together.
 func (r *RedisState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // engine name
 	r.Address = append(r.Address, d.RemainingArgs()...)
+	seen := settingsSeen{}
+	tlsOff := false
 	for d.NextBlock(0) {
 		setting := d.Val()
+		if err := seen.once(d, setting); err != nil {
+			return err
+		}
 		var err error
 		switch setting {
-		case "address":
+		case "address", "sentinel":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
 				return d.ArgErr()
 			}
-			r.Address = append(r.Address, args...)
+			if setting == "address" {
+				r.Address = append(r.Address, args...)
+			} else {
+				r.Sentinel = args
+			}
 			continue
 		case "tls":
 			r.TLS = true
 			if d.NextArg() {
 				r.TLS, err = parseOnOff(d.Val())
+				tlsOff = err == nil && !r.TLS
 			}
 		case "tls_insecure_skip_verify":
 			r.TLSInsecureSkipVerify = true
+		case "cluster":
+			r.Cluster = true
 		default:
 			if !d.NextArg() {
 				return d.ArgErr()
@@ -347,6 +438,16 @@ func (r *RedisState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				r.TLSServerName = val
 			case "tls_ca_file":
 				r.TLSCAFile = val
+			case "tls_cert_file":
+				r.TLSCertFile = val
+			case "tls_key_file":
+				r.TLSKeyFile = val
+			case "master_name":
+				r.MasterName = val
+			case "sentinel_username":
+				r.SentinelUsername = val
+			case "sentinel_password":
+				r.SentinelPassword = val
 			case "key_prefix":
 				r.KeyPrefix = val
 			case "timeout":
@@ -357,6 +458,13 @@ func (r *RedisState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		if err := endSetting(d, setting, err); err != nil {
 			return err
+		}
+	}
+	if tlsOff {
+		for _, s := range []string{"tls_server_name", "tls_insecure_skip_verify", "tls_ca_file", "tls_cert_file", "tls_key_file"} {
+			if seen[s] {
+				return d.Errf("tls off beside %s, which needs TLS", s)
+			}
 		}
 	}
 	return nil

@@ -404,8 +404,12 @@ func (s *StorageState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := settingsSeen{}
 	for d.NextBlock(0) {
 		setting := d.Val()
+		if err := seen.once(d, setting); err != nil {
+			return err
+		}
 		if !d.NextArg() {
 			return d.ArgErr()
 		}
