@@ -232,6 +232,88 @@ func TestRedisClusterStateConformance(t *testing.T) {
 	})
 }
 
+// A managed cluster hands out one address (its configuration endpoint):
+// with cluster, that one address makes a cluster client, which follows
+// the other masters' MOVED, here on a three-master Redis Cluster; the
+// session records and the cluster turns work as on one server.
+func TestRedisClusterBehindOneAddress(t *testing.T) {
+	addrs := startRedisCluster(t, 3)
+	n := 0
+	testStoreConformance(t, func(t *testing.T, ttl time.Duration) engineUnderTest {
+		n++
+		eng := loadEngine(t, nil, "redis", map[string]any{
+			"address": []string{addrs[0]}, "cluster": true, "key_prefix": "one" + strconv.Itoa(n) + ":",
+		}).(*RedisState)
+		if _, ok := eng.client.(*redis.ClusterClient); !ok {
+			t.Fatalf("cluster made a %T, want a cluster client", eng.client)
+		}
+		return engineUnderTest{store: newSharedState(eng, ttl, zap.NewNop()), advance: time.Sleep}
+	})
+
+	ctx := context.Background()
+	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addrs[0]}, "cluster": true}).(*RedisState)
+	for i := range 20 { // keys in every master's slots
+		key := serializer.StoreKey(strconv.Itoa(i))
+		if st, _, err := eng.TakeTurn(ctx, key, "a", 0, time.Second, time.Second); err != nil || st != serializer.TurnServed {
+			t.Fatalf("take %d: %v, %v", i, st, err)
+		}
+		if err := eng.ReleaseTurn(ctx, key, "a", time.Second); err != nil {
+			t.Fatalf("release %d: %v", i, err)
+		}
+	}
+
+	// Without cluster, the one address is a plain client: the keys of
+	// the other masters' slots meet MOVED.
+	plain := loadEngine(t, nil, "redis", map[string]any{"address": []string{addrs[0]}}).(*RedisState)
+	moved := 0
+	for i := range 20 {
+		if _, _, err := plain.Lookup(ctx, serializer.StoreKey(strconv.Itoa(i))); redis.HasErrorPrefix(err, "MOVED") {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("a plain client on one master of three never met MOVED")
+	}
+}
+
+// startRedisCluster runs n masters on loopback and joins them into a Redis
+// Cluster with redis-cli --cluster create; it returns their addresses.
+func startRedisCluster(t *testing.T, n int) []string {
+	t.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatal("redis-cli is not installed: apt-get install -y redis-tools")
+	}
+	var addrs []string
+	for range n {
+		port := loopbackPort(t)
+		addr, _ := runRedis(t, port, "--port", strconv.Itoa(port), "--cluster-enabled", "yes",
+			"--cluster-config-file", filepath.Join(t.TempDir(), "nodes.conf"))
+		addrs = append(addrs, addr)
+	}
+	out, err := exec.Command(cli, append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	ctx := context.Background()
+	for _, addr := range addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			info, err := node.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster not ok on %s after 20s: %v %s", addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		node.Close()
+	}
+	return addrs
+}
+
 func TestStorageStateConformance(t *testing.T) {
 	testStoreConformance(t, func(t *testing.T, ttl time.Duration) engineUnderTest {
 		clock := newTestClock()
