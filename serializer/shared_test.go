@@ -629,6 +629,9 @@ func TestTouchRefreshesUsedRecordsAFewTimesPerTTL(t *testing.T) {
 	for _, id := range []string{"busy", "quiet"} {
 		turn, _ := tab.Acquire(bg, id, 0)
 		turn.Done(200)
+		// Its lookup lets go of it a moment later, which counts as a use:
+		// it must come before the clock moves.
+		eventually(t, func() bool { return idle(tab, id) })
 	}
 	sweep := func() {
 		tab.Sweep()

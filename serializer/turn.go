@@ -195,9 +195,10 @@ func (s *Session) clusterTurn(ctx context.Context, traits Traits, arrival time.T
 	s.mu.Lock()
 	s.askingTurn, s.askToken = false, ""
 	if g != nil {
-		// Others wait behind it: the first ask heard while it waited may be
-		// theirs, and requests here since then go after them.
-		if !g.wantedAt.IsZero() && !s.wantHeard.IsZero() {
+		// An ask heard while it waited may have come after the engine's
+		// answer: requests here since then go after it. (One from ahead
+		// in line, served already, costs a hand-on too soon, not order.)
+		if !s.wantHeard.IsZero() {
 			g.askedFor(s.wantHeard)
 		}
 		g.unwatch = t.awaitRemote(s) // to hear the next ask
