@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -273,6 +274,101 @@ func TestRedisClusterBehindOneAddress(t *testing.T) {
 	}
 	if moved == 0 {
 		t.Fatal("a plain client on one master of three never met MOVED")
+	}
+}
+
+// Through Sentinel the module finds the master by its name, and follows a
+// failover: the master killed, the sentinel promotes its replica, and the
+// records written before (replicated) and after are there.
+func TestRedisThroughSentinelFollowsAFailover(t *testing.T) {
+	masterPort, replicaPort := loopbackPort(t), loopbackPort(t)
+	master, stopMaster := runRedis(t, masterPort, "--port", strconv.Itoa(masterPort))
+	replica, _ := runRedis(t, replicaPort, "--port", strconv.Itoa(replicaPort), "--replicaof", "127.0.0.1", strconv.Itoa(masterPort))
+	sentinel := runSentinel(t, "mymaster", master)
+	ctx := context.Background()
+	eng := loadEngine(t, nil, "redis", map[string]any{
+		"sentinel": []string{sentinel}, "master_name": "mymaster", "timeout": "1s",
+	}).(*RedisState)
+	if _, ok := eng.client.(*redis.Client); !ok {
+		t.Fatalf("sentinel made a %T, want a failover client", eng.client)
+	}
+	store := newSharedState(eng, time.Hour, zap.NewNop())
+	if err := store.Created(ctx, "before", time.Now().Add(time.Minute)); err != nil {
+		t.Fatalf("Created through sentinel: %v", err)
+	}
+	direct := redis.NewClient(&redis.Options{Addr: master})
+	defer direct.Close()
+	if n, err := direct.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("the replica did not take the write: %d, %v", n, err)
+	}
+
+	stopMaster()
+	deadline := time.Now().Add(30 * time.Second)
+	for store.Created(ctx, "after", time.Now().Add(time.Minute)) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("no write succeeded within 30s of the master's death")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	promoted := redis.NewClient(&redis.Options{Addr: replica})
+	defer promoted.Close()
+	if role, err := promoted.Do(ctx, "ROLE").Slice(); err != nil || role[0] != "master" {
+		t.Fatalf("the replica's role after the failover: %v, %v", role, err)
+	}
+	// Calls may fail for a moment more, on connections dialled to the old
+	// master before the switch; each failure is counted, none waits.
+	for _, id := range []string{"before", "after"} {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			_, found, err := store.Lookup(ctx, id)
+			if err == nil && found {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Lookup %q 5s after the failover = %v, %v", id, found, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// runSentinel starts a Sentinel on loopback watching master under name,
+// quick to fail over (a second to call it down), and returns its address.
+func runSentinel(t *testing.T, name, master string) string {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(master)
+	sentinelPort := loopbackPort(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
+		"sentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s 1000\n"+
+		"sentinel failover-timeout %s 5000\n", sentinelPort, dir, name, host, port, name, name)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal("redis-server is not installed: apt-get install -y redis-server")
+	}
+	cmd := exec.Command(bin, conf, "--sentinel")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
+	addr := "127.0.0.1:" + strconv.Itoa(sentinelPort)
+	client := redis.NewSentinelClient(&redis.Options{Addr: addr})
+	defer client.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if got, err := client.GetMasterAddrByName(context.Background(), name).Result(); err == nil && len(got) == 2 {
+			return addr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sentinel on %s does not know %s after 10s", addr, name)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
