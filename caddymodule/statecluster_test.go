@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -286,5 +288,94 @@ func TestClusterTurnsMoveWithoutChannelRights(t *testing.T) {
 	}
 	if n := logs.Len(); n != 1 {
 		t.Fatalf("%d WARNs, want only the channel's: %v", n, logs.All())
+	}
+}
+
+// leastPrivilegeACL is the rule the README gives for the module's Redis
+// user with the default key_prefix: its keys, its channel, and the
+// commands its scripts and calls use, nothing else.
+const leastPrivilegeACL = "resetkeys ~mcp_serializer:* resetchannels &mcp_serializer:changed -@all +@connection +eval +evalsha +hmget +hget +hset +exists +pexpire +del +time +publish +subscribe"
+
+// The whole engine runs as a user with exactly leastPrivilegeACL: records,
+// turns and announcements, with no call refused.
+func TestRedisEngineRunsAsTheLeastPrivilegedUser(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	args := []any{"ACL", "SETUSER", "mcp", "on", ">pw"}
+	for _, rule := range strings.Fields(leastPrivilegeACL) {
+		args = append(args, rule)
+	}
+	if err := admin.Do(ctx, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	load := func(t *testing.T, prefix string) *RedisState {
+		return loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}, "username": "mcp", "password": "pw",
+			"timeout": "1s", "key_prefix": prefix}).(*RedisState)
+	}
+	n := 0
+	errorsBefore := map[string]float64{}
+	for op := range numStateOps {
+		errorsBefore[op.String()] = testutil.ToFloat64(metrics.stateErrors.WithLabelValues(op.String()))
+	}
+	testStoreConformance(t, func(t *testing.T, ttl time.Duration) engineUnderTest {
+		n++ // keys of their own per engine, within the user's
+		return engineUnderTest{store: newSharedState(load(t, fmt.Sprintf("mcp_serializer:%d:", n)), ttl, zap.NewNop()), advance: time.Sleep}
+	})
+
+	eng := load(t, "mcp_serializer:") // the default, whose channel the rule names
+	core, logs := observer.New(zap.WarnLevel)
+	eng.logger = zap.New(core)
+	var tabs []*serializer.Table
+	for range 2 {
+		cluster := newClusterState(newSharedState(eng, time.Hour, zap.New(core)), eng)
+		cfg := serializer.Defaults()
+		cfg.Store, cfg.Turns, cfg.StoreTimeout = cluster, cluster, eng.CallTimeout()
+		tab := serializer.NewTable(cfg)
+		t.Cleanup(tab.Close)
+		tabs = append(tabs, tab)
+	}
+	eventuallyTrue(t, "the subscription is confirmed", eng.Announcing)
+	initialize, _ := tabs[0].Begin("s", nil)
+	initialize.Done(200)
+	for i, traits := range []serializer.Traits{serializer.CarriesInitialized, 0, 0, 0, serializer.EndsSession} {
+		turn, err := tabs[i%2].Acquire(ctx, "s", traits)
+		if err != nil || !turn.Clustered() {
+			t.Fatalf("request %d: err=%v clustered=%v", i, err, turn.Clustered())
+		}
+		turn.Done(200)
+	}
+	held, _ := tabs[0].Acquire(ctx, "k", 0)
+	asked := make(chan serializer.Turn, 1)
+	go func() {
+		turn, _ := tabs[1].Acquire(ctx, "k", 0)
+		asked <- turn
+	}()
+	time.Sleep(20 * time.Millisecond)
+	held.Done(200)
+	(<-asked).Done(200)
+
+	if !eng.Announcing() {
+		t.Fatal("announcements refused to the least privileged user")
+	}
+	for op, before := range errorsBefore {
+		if n := testutil.ToFloat64(metrics.stateErrors.WithLabelValues(op)); n != before {
+			t.Errorf("%v failed %s calls", n-before, op)
+		}
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("WARNs: %v", logs.All())
+	}
+}
+
+// The README gives operators the rule the least-privilege test runs.
+func TestReadmeGivesTheTestedACLRule(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "ACL SETUSER mcp_serializer on >{password} " + leastPrivilegeACL + "\n"; !strings.Contains(string(readme), want) {
+		t.Fatalf("README.md lacks the tested ACL rule:\n%s", want)
 	}
 }
