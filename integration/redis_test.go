@@ -24,6 +24,7 @@ type redisServer struct {
 	bin  string
 	dir  string
 	log  string
+	args []string // more options, e.g. --replicaof
 	proc *process
 }
 
@@ -39,15 +40,27 @@ func startRedis(t testing.TB) *redisServer {
 		}
 		bin = "/usr/bin/redis-server"
 	}
+	r := newRedisServer(t)
+	r.bin = bin
+	r.start(t)
+	return r
+}
+
+// newRedisServer describes a server on a free loopback port, not started.
+func newRedisServer(t testing.TB, args ...string) *redisServer {
+	t.Helper()
 	dir := t.TempDir()
 	r := &redisServer{
 		Addr: "127.0.0.1:" + strconv.Itoa(freePort(t)),
-		bin:  bin,
+		bin:  "redis-server",
 		dir:  dir,
 		log:  filepath.Join(dir, "redis.log"),
+		args: args,
+	}
+	if bin, err := exec.LookPath("redis-server"); err == nil {
+		r.bin = bin
 	}
 	dumpOnFailure(t, "redis", r.log)
-	r.start(t)
 	return r
 }
 
@@ -55,11 +68,11 @@ func startRedis(t testing.TB) *redisServer {
 func (r *redisServer) start(t testing.TB) {
 	t.Helper()
 	_, port, _ := net.SplitHostPort(r.Addr)
-	cmd := exec.Command(r.bin,
+	cmd := exec.Command(r.bin, append([]string{
 		"--bind", "127.0.0.1", "--port", port,
 		"--save", "", "--appendonly", "no",
 		"--dir", r.dir, "--daemonize", "no", "--protected-mode", "yes",
-	)
+	}, r.args...)...)
 	cmd.Dir = r.dir
 	r.proc = startProcess(t, "redis-server", cmd, r.log, syscall.SIGTERM, 5*time.Second)
 	deadline := time.Now().Add(20 * time.Second)
@@ -75,6 +88,61 @@ func (r *redisServer) start(t testing.TB) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// sentinelSet is a master, its replica and a Sentinel watching them under
+// sentinelMaster, quick to fail over (the master is called down after a
+// second without an answer).
+type sentinelSet struct {
+	Master, Replica *redisServer
+	Sentinel        string // the Sentinel's address
+}
+
+const sentinelMaster = "mymaster"
+
+func startSentinelSet(t testing.TB) *sentinelSet {
+	t.Helper()
+	master := startRedis(t)
+	replica := newRedisServer(t, "--replicaof", "127.0.0.1", strings.TrimPrefix(master.Addr, "127.0.0.1:"))
+	replica.start(t)
+	dir := t.TempDir()
+	port := freePort(t)
+	conf := filepath.Join(dir, "sentinel.conf")
+	_, masterPort, _ := net.SplitHostPort(master.Addr)
+	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %s 1\n"+
+		"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n",
+		port, dir, sentinelMaster, masterPort, sentinelMaster, sentinelMaster)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(dir, "sentinel.log")
+	dumpOnFailure(t, "sentinel", log)
+	startProcess(t, "redis-sentinel", exec.Command(master.bin, conf, "--sentinel"), log, syscall.SIGTERM, 5*time.Second)
+	set := &sentinelSet{Master: master, Replica: replica, Sentinel: "127.0.0.1:" + strconv.Itoa(port)}
+	deadline := time.Now().Add(20 * time.Second)
+	for set.masterPort() != masterPort {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sentinel does not know %s after 20s\n%s", sentinelMaster, tailFile(log, 4000))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return set
+}
+
+// masterPort is the port the Sentinel gives for the master, "" if none.
+func (s *sentinelSet) masterPort() string {
+	reply, err := redisCommand(s.Sentinel, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", sentinelMaster)
+	if err != nil {
+		return ""
+	}
+	_, port, _ := strings.Cut(reply, " ")
+	return port
+}
+
+// state is the `state redis` block that reaches the master through the
+// Sentinel.
+func (s *sentinelSet) state() string {
+	return "state redis {\n\tsentinel " + s.Sentinel + "\n\tmaster_name " + sentinelMaster + "\n}"
 }
 
 // kill ends the server at once (SIGKILL), as a crash does; its records are
@@ -116,7 +184,12 @@ func redisCommand(addr string, args ...string) (string, error) {
 	if _, err := conn.Write([]byte(b.String())); err != nil {
 		return "", err
 	}
-	rd := bufio.NewReader(conn)
+	return readReply(bufio.NewReader(conn))
+}
+
+// readReply reads one RESP reply as text; an array's elements are joined
+// by spaces.
+func readReply(rd *bufio.Reader) (string, error) {
 	line, err := rd.ReadString('\n')
 	if err != nil {
 		return "", err
@@ -140,6 +213,20 @@ func redisCommand(addr string, args ...string) (string, error) {
 			return "", err
 		}
 		return string(buf[:n]), nil
+	case '*':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil {
+			return "", fmt.Errorf("array reply %q", line)
+		}
+		items := make([]string, 0, max(n, 0))
+		for range n {
+			item, err := readReply(rd)
+			if err != nil {
+				return "", err
+			}
+			items = append(items, item)
+		}
+		return strings.Join(items, " "), nil
 	}
 	return "", fmt.Errorf("unexpected reply %q", line)
 }
