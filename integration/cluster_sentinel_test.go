@@ -37,3 +37,25 @@ func TestClusterRoundRobinSentinelFailoverMidRun(t *testing.T) {
 	after := runPipeline(t, c, "round robin, after the failover", clusterN(t, 100))
 	wantNoFailure(t, after)
 }
+
+// A three-master Redis Cluster given as one address with `cluster` (a
+// managed service's configuration endpoint), behind round robin: no
+// failure, no failed state call, and the sessions' turns spread over the
+// masters.
+func TestClusterRoundRobinOnARedisClusterBehindOneAddress(t *testing.T) {
+	prerequisites(t)
+	requireModule(t, redisStateModule)
+	nodes := startRedisCluster(t)
+	state := "state redis {\n\taddress " + nodes[0].Addr + "\n\tcluster\n}"
+	c := startCluster(t, clusterOptions{State: state, Balancer: caddyRoundRobin})
+	res := runPipeline(t, c, "round robin, a Redis Cluster behind one address", clusterN(t, 200))
+	wantNoFailure(t, res)
+	if errs := nonZero(c.stateErrors(t)); len(errs) != 0 {
+		t.Fatalf("failed state calls: %v", errs)
+	}
+	for _, r := range nodes {
+		if n := r.keys(t); n == 0 {
+			t.Errorf("master %s holds no key: the client did not spread over the cluster", r.Addr)
+		}
+	}
+}

@@ -230,3 +230,39 @@ func readReply(rd *bufio.Reader) (string, error) {
 	}
 	return "", fmt.Errorf("unexpected reply %q", line)
 }
+
+// startRedisCluster runs three masters on loopback joined into a Redis
+// Cluster (redis-cli --cluster create) and returns them.
+func startRedisCluster(t testing.TB) []*redisServer {
+	t.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatalf("redis-cli not found (%v): %s", err, redisInstallHint)
+	}
+	var nodes []*redisServer
+	args := []string{"--cluster", "create"}
+	for range 3 {
+		r := newRedisServer(t)
+		r.args = []string{"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(r.dir, "nodes.conf")}
+		r.start(t)
+		nodes = append(nodes, r)
+		args = append(args, r.Addr)
+	}
+	if out, err := exec.Command(cli, append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	for _, r := range nodes {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			info, err := redisCommand(r.Addr, "CLUSTER", "INFO")
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster not ok on %s after 20s: %v %s", r.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nodes
+}
