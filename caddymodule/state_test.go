@@ -492,24 +492,12 @@ func TestRedisClientIsSharedAcrossReloads(t *testing.T) {
 }
 
 func TestRedisOverTLS(t *testing.T) {
-	dir := t.TempDir()
-	caFile, certFile, keyFile := writeTestCerts(t, dir)
-	port := loopbackPort(t)
-	addr, _ := runRedis(t, port, "--port", "0", "--tls-port", strconv.Itoa(port),
-		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile,
-		"--tls-auth-clients", "no")
+	addr, caFile, _, _ := startTLSRedis(t, "no")
 	ctx := context.Background()
-
 	eng := loadEngine(t, nil, "redis", map[string]any{
 		"address": []string{addr}, "tls_ca_file": caFile, "tls_server_name": "redis.test",
 	}).(*RedisState)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
-	if err := store.Created(ctx, "s", time.Now().Add(time.Minute)); err != nil {
-		t.Fatalf("Created over TLS: %v", err)
-	}
-	if _, found, err := store.Lookup(ctx, "s"); err != nil || !found {
-		t.Fatalf("Lookup over TLS = %v, %v", found, err)
-	}
+	wantRoundTrip(t, newSharedState(eng, time.Hour, zap.NewNop()))
 
 	// Without the CA, the server's certificate is refused.
 	untrusted := loadEngine(t, nil, "redis", map[string]any{
@@ -520,28 +508,42 @@ func TestRedisOverTLS(t *testing.T) {
 	}
 }
 
+// startTLSRedis runs a redis-server that speaks TLS only, with a
+// certificate for redis.test, asking clients for theirs as authClients
+// says (yes, optional, no).
+func startTLSRedis(t *testing.T, authClients string) (addr, caFile, certFile, keyFile string) {
+	t.Helper()
+	caFile, certFile, keyFile = writeTestCerts(t, t.TempDir())
+	port := loopbackPort(t)
+	addr, _ = runRedis(t, port, "--port", "0", "--tls-port", strconv.Itoa(port),
+		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile,
+		"--tls-auth-clients", authClients)
+	return addr, caFile, certFile, keyFile
+}
+
+// wantRoundTrip writes a record through store and reads it back.
+func wantRoundTrip(t *testing.T, store *sharedState) {
+	t.Helper()
+	ctx := context.Background()
+	if err := store.Created(ctx, "s", time.Now().Add(time.Minute)); err != nil {
+		t.Fatalf("Created: %v", err)
+	}
+	if _, found, err := store.Lookup(ctx, "s"); err != nil || !found {
+		t.Fatalf("Lookup = %v, %v", found, err)
+	}
+}
+
 // A server that requires client certificates (mutual TLS) serves the
 // module given tls_cert_file and tls_key_file, and refuses it without: the
 // failures are counted and logged at WARN, once per interval.
 func TestRedisWithClientCertificates(t *testing.T) {
-	dir := t.TempDir()
-	caFile, certFile, keyFile := writeTestCerts(t, dir)
-	port := loopbackPort(t)
-	addr, _ := runRedis(t, port, "--port", "0", "--tls-port", strconv.Itoa(port),
-		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile,
-		"--tls-auth-clients", "yes")
+	addr, caFile, certFile, keyFile := startTLSRedis(t, "yes")
 	ctx := context.Background()
 	eng := loadEngine(t, nil, "redis", map[string]any{
 		"address": []string{addr}, "tls_ca_file": caFile, "tls_server_name": "redis.test",
 		"tls_cert_file": certFile, "tls_key_file": keyFile,
 	}).(*RedisState)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
-	if err := store.Created(ctx, "s", time.Now().Add(time.Minute)); err != nil {
-		t.Fatalf("Created with a client certificate: %v", err)
-	}
-	if _, found, err := store.Lookup(ctx, "s"); err != nil || !found {
-		t.Fatalf("Lookup with a client certificate = %v, %v", found, err)
-	}
+	wantRoundTrip(t, newSharedState(eng, time.Hour, zap.NewNop()))
 
 	without := loadEngine(t, nil, "redis", map[string]any{
 		"address": []string{addr}, "tls_ca_file": caFile, "tls_server_name": "redis.test",
