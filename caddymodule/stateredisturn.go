@@ -226,23 +226,21 @@ type announcements struct {
 	warned  sync.Once   // the refusal's WARN
 }
 
-func (r *RedisState) ann() *announcements { return r.announcements }
-
 // announced records the outcome of a publish: 1 sent, -1 refused, 0 none.
 func (r *RedisState) announced(outcome int64) {
 	switch outcome {
 	case 1:
-		r.ann().refused.Store(false)
+		r.announcements.refused.Store(false)
 	case -1:
-		if !r.ann().refused.Swap(true) {
-			r.ann().warned.Do(func() { r.warnRefused("publish") })
+		if !r.announcements.refused.Swap(true) {
+			r.announcements.warned.Do(func() { r.warnRefused("publish") })
 		}
 	}
 }
 
 // Announcing reports whether announcements go out and come in.
 func (r *RedisState) Announcing() bool {
-	return r.ann().hearing.Load() && !r.ann().refused.Load()
+	return r.announcements.hearing.Load() && !r.announcements.refused.Load()
 }
 
 func (r *RedisState) warnRefused(what string) {
@@ -269,7 +267,7 @@ func (r *RedisState) Watch(changed func(key, asker string, waited time.Duration)
 			current = sub
 			mu.Unlock()
 			pause := r.listen(ctx, sub, changed)
-			r.ann().hearing.Store(false)
+			r.announcements.hearing.Store(false)
 			_ = sub.Close()
 			select {
 			case <-ctx.Done():
@@ -299,12 +297,12 @@ const (
 func (r *RedisState) listen(ctx context.Context, sub *redis.PubSub, changed func(key, asker string, waited time.Duration)) time.Duration {
 	if _, err := sub.ReceiveTimeout(ctx, 5*time.Second); err != nil {
 		if redis.HasErrorPrefix(err, "NOPERM") {
-			r.ann().warned.Do(func() { r.warnRefused("subscribe") })
+			r.announcements.warned.Do(func() { r.warnRefused("subscribe") })
 			return resubscribeAfterRefusal
 		}
 		return resubscribeAfterError
 	}
-	r.ann().hearing.Store(true)
+	r.announcements.hearing.Store(true)
 	for msg := range sub.Channel() {
 		changed(parseAnnouncement(msg.Payload))
 	}
