@@ -2,16 +2,9 @@ package caddymodule
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -33,6 +26,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testcerts"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -569,46 +563,11 @@ func TestRedisWithClientCertificates(t *testing.T) {
 // it, as PEM files: the server's, and a client's for mutual TLS.
 func writeTestCerts(t *testing.T, dir string) (caFile, certFile, keyFile string) {
 	t.Helper()
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	caKey, serverKey := newKey(), newKey()
-	ca := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	caFile, certFile, keyFile, err := testcerts.Write(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	server := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "redis.test"},
-		DNSNames:  []string{"redis.test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	serverDER, err := x509.CreateCertificate(rand.Reader, server, ca, &serverKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(serverKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write := func(name, kind string, der []byte) string {
-		file := filepath.Join(dir, name)
-		if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return file
-	}
-	return write("ca.pem", "CERTIFICATE", caDER), write("server.pem", "CERTIFICATE", serverDER),
-		write("server.key", "EC PRIVATE KEY", keyDER)
+	return caFile, certFile, keyFile
 }
 
 func TestRedisDownOrBlackholedAnswersWithinItsTimeout(t *testing.T) {

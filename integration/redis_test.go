@@ -2,6 +2,8 @@ package integration
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testcerts"
 )
 
 const redisInstallHint = "install Redis: apt-get install -y redis-server (or run make deps)"
@@ -25,6 +29,8 @@ type redisServer struct {
 	dir  string
 	log  string
 	args []string // more options, e.g. --replicaof
+	// tls, when set, is how a client reaches a server that speaks TLS only.
+	tls  *tls.Config
 	proc *process
 }
 
@@ -80,7 +86,7 @@ func (r *redisServer) start(t testing.TB) {
 		if !r.proc.running() {
 			t.Fatalf("redis-server exited during startup: %v\n%s", r.proc.err, tailFile(r.log, 4000))
 		}
-		if reply, err := redisCommand(r.Addr, "PING"); err == nil && reply == "PONG" {
+		if reply, err := r.command("PING"); err == nil && reply == "PONG" {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -174,6 +180,23 @@ func redisCommand(addr string, args ...string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return roundTrip(conn, args...)
+}
+
+// command sends one command to r, over TLS if r speaks it.
+func (r *redisServer) command(args ...string) (string, error) {
+	if r.tls == nil {
+		return redisCommand(r.Addr, args...)
+	}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", r.Addr, r.tls)
+	if err != nil {
+		return "", err
+	}
+	return roundTrip(conn, args...)
+}
+
+// roundTrip sends one command on conn, reads its reply and closes conn.
+func roundTrip(conn net.Conn, args ...string) (string, error) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
 	var b strings.Builder
@@ -265,4 +288,33 @@ func startRedisCluster(t testing.TB) []*redisServer {
 		}
 	}
 	return nodes
+}
+
+// startTLSRedis runs a redis-server that speaks TLS only and requires
+// client certificates signed by its CA (mutual TLS); it returns the server
+// and the CA, certificate and key files (one certificate, the server's and
+// a client's).
+func startTLSRedis(t testing.TB) (r *redisServer, caFile, certFile, keyFile string) {
+	t.Helper()
+	caFile, certFile, keyFile, err := testcerts.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = newRedisServer(t)
+	_, port, _ := net.SplitHostPort(r.Addr)
+	r.args = []string{"--port", "0", "--tls-port", port, "--tls-cert-file", certFile, "--tls-key-file", keyFile,
+		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "yes"}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.tls = &tls.Config{RootCAs: roots, ServerName: testcerts.ServerName, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	r.start(t)
+	return r, caFile, certFile, keyFile
 }

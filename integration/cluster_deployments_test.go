@@ -1,11 +1,14 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testcerts"
 )
 
 // Behind round robin, the instances reaching Redis through a Sentinel
@@ -103,5 +106,38 @@ func addLeastPrivilegedUser(t *testing.T, addr string, more ...string) {
 	args := append([]string{"ACL", "SETUSER", leastPrivilegedUser, "on", ">" + leastPrivilegedPassword}, append(rule, more...)...)
 	if reply, err := redisCommand(addr, args...); err != nil || reply != "OK" {
 		t.Fatalf("%s: ACL SETUSER: %q, %v", addr, reply, err)
+	}
+}
+
+// A Redis that requires client certificates (mutual TLS), behind round
+// robin: instances given tls_cert_file and tls_key_file serve every session
+// with no failed state call; an instance without them is refused by Redis
+// on every call, carries on alone (its own sessions still work), counts
+// the refusals and WARNs about them at most once per 10 s per operation.
+func TestClusterRoundRobinWithRedisRequiringClientCertificates(t *testing.T) {
+	prerequisites(t)
+	requireModule(t, redisStateModule)
+	r, caFile, certFile, keyFile := startTLSRedis(t)
+	trusting := fmt.Sprintf("state redis {\n\taddress %s\n\ttls_ca_file %s\n\ttls_server_name %s\n", r.Addr, caFile, testcerts.ServerName)
+	c := startCluster(t, clusterOptions{Balancer: caddyRoundRobin,
+		State: trusting + fmt.Sprintf("\ttls_cert_file %s\n\ttls_key_file %s\n}", certFile, keyFile)})
+	res := runPipeline(t, c, "round robin, Redis with mutual TLS", clusterN(t, 100))
+	wantNoFailure(t, res)
+	if errs := nonZero(c.stateErrors(t)); len(errs) != 0 {
+		t.Fatalf("failed state calls with the client certificate: %v", errs)
+	}
+
+	alone := startCluster(t, clusterOptions{Instances: 1, Balancer: caddyRoundRobin, State: trusting + "}"})
+	res = runPipeline(t, alone, "one instance without a client certificate", 20)
+	wantNoFailure(t, res)
+	refused := sumValues(alone.metrics(t, "caddy_mcp_serializer_state_errors_total"))
+	log, err := os.ReadFile(alone.Instances[0].log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warns := strings.Count(string(log), "shared session state unavailable")
+	t.Logf("without a client certificate: %v refused state calls, %d WARN lines", refused, warns)
+	if refused == 0 || warns == 0 || float64(warns) >= refused {
+		t.Fatalf("%v refused state calls and %d WARN lines: want refusals counted, and fewer WARNs than refusals", refused, warns)
 	}
 }
