@@ -182,17 +182,14 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 		turn.StopOnLapse(func() { cancel(errTurnLost) })
 		r = r.WithContext(ctx)
 		ew.r = r
-		err = next.ServeHTTP(ew, r)
-		if ew.status == 0 && errors.Is(context.Cause(ctx), errTurnLost) {
-			w.Header().Set("Retry-After", "1")
-			ew.status = http.StatusServiceUnavailable
-			return h.reject(w, r, "turn_lost", http.StatusServiceUnavailable, codeServerError,
-				"the request was stopped upstream: this instance lost the session's turn across instances (the state engine did not renew it in time, or gave it to another instance); retry", reqID)
-		}
-		ew.settleStatus(err)
-		return err
 	}
 	err = next.ServeHTTP(ew, r)
+	if ew.status == 0 && errors.Is(context.Cause(r.Context()), errTurnLost) {
+		w.Header().Set("Retry-After", "1")
+		ew.status = http.StatusServiceUnavailable
+		return h.reject(w, r, "turn_lost", http.StatusServiceUnavailable, codeServerError,
+			"the request was stopped upstream: this instance lost the session's turn across instances (the state engine did not renew it in time, or gave it to another instance); retry", reqID)
+	}
 	ew.settleStatus(err)
 	return err
 }
