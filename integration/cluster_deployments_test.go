@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,12 +12,15 @@ import (
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testcerts"
 )
 
-// Behind round robin, the instances reaching Redis through a Sentinel
-// (`state redis { sentinel … master_name … }`, and so order cluster): the
-// master is killed mid-run and the Sentinel promotes its replica. No
-// request waits past its bound, nothing is left in flight or waiting, the
-// requests caught while no master answered fail with clear errors only, and
-// the next 100 connects, on the promoted master, fail none.
+// Behind round robin, the instances reaching Redis through three Sentinels
+// (`state redis { sentinel … master_name … }`, and so order cluster) and
+// keyed on the v2 client's cart handle: while pipelined connects and
+// handle races (parallel calls on one cart) run, the master is killed and
+// the Sentinels promote its replica. No request waits past its bound,
+// nothing is left in flight or waiting, the requests caught while no master
+// answered fail with clear errors only; once the new master answers, no two
+// calls on a cart overlap in PHP (no lost update), and the next 100
+// connects fail none.
 //
 // The instances log in as a user with the README's least-privilege rule,
 // on the master and on the replica it fails over to.
@@ -28,33 +32,59 @@ func TestClusterRoundRobinSentinelFailoverMidRun(t *testing.T) {
 		addLeastPrivilegedUser(t, r.Addr)
 	}
 	state := strings.Replace(set.state(), "\n}", "\n\tusername "+leastPrivilegedUser+"\n\tpassword "+leastPrivilegedPassword+"\n}", 1)
-	c := startCluster(t, clusterOptions{State: state, Balancer: caddyRoundRobin, Front: deadInstanceFront})
+	c := startCluster(t, clusterOptions{State: state, Key: cartKey, Balancer: caddyRoundRobin, Front: deadInstanceFront})
 	before := set.masterPort()
 
+	stopRaces := cartRacesInBackground(t, c)
 	wait, done := pipelineInBackground(t, c, "round robin, sentinel failover mid-run", clusterN(t, roundRobinFaultsN))
 	sleepUnlessDone(t, 2*time.Second, done, "killing the master")
 	set.Master.kill(t)
 	killed := time.Now()
 	for set.masterPort() == before {
 		if time.Since(killed) > 30*time.Second {
-			t.Fatal("the sentinel promoted no replica within 30s")
+			t.Fatal("the sentinels promoted no replica within 30s")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("master killed; the sentinel named the replica master %v later", time.Since(killed).Round(time.Millisecond))
+	promoted := time.Now()
+	t.Logf("master killed; the sentinels named the replica master %v later", promoted.Sub(killed).Round(time.Millisecond))
 	res := wait()
+	races := stopRaces()
 	wantBoundedThroughFault(t, c, res, crossedRepliesLogged)
 	wantNothingStuck(t, c)
 	t.Logf("failed state calls by op: %v", nonZero(c.stateErrors(t)))
 
-	after := runPipeline(t, c, "round robin, after the failover", clusterN(t, 100))
-	wantNoFailure(t, after)
+	// The instances' clients reach the new master within a second of the
+	// Sentinels naming it (they fail calls on connections to the old one
+	// meanwhile); a race started after that must lose nothing.
+	answers := promoted.Add(time.Second)
+	var after int
+	for i, r := range races {
+		at := r.Started.Sub(killed).Round(time.Millisecond)
+		if r.Race == nil {
+			t.Logf("handle race %d (started %v after the kill): none ran: %s", i+1, at, r.Summary)
+		} else {
+			t.Logf("handle race %d (started %v after the kill): %d of %d items kept, %d lost, %d calls failed",
+				i+1, at, r.Race.Items, cartAdds, r.Race.Lost, r.Race.FailedCalls)
+		}
+		if r.Started.After(answers) {
+			after++
+			wantNoLostUpdate(t, "handle race "+strconv.Itoa(i+1)+" on the new master", r)
+		}
+	}
+	if after == 0 {
+		t.Errorf("no handle race started on the new master during the run (%d races in all)", len(races))
+	}
+
+	res = runPipeline(t, c, "round robin, after the failover", clusterN(t, 100))
+	wantNoFailure(t, res)
+	wantNoLostUpdate(t, "handle race after the failover", runCartRace(t, c))
 }
 
 // A three-master Redis Cluster given as one address with `cluster` (a
 // managed service's configuration endpoint), behind round robin: no
-// failure, no failed state call, and the sessions' turns spread over the
-// masters. The instances log in as a user with the README's
+// failure, no failed state call, parallel calls on one cart handle lose no
+// update, and the sessions' turns spread over the masters. The instances log in as a user with the README's
 // least-privilege rule and what it says a cluster adds.
 func TestClusterRoundRobinOnARedisClusterBehindOneAddress(t *testing.T) {
 	prerequisites(t)
@@ -65,9 +95,10 @@ func TestClusterRoundRobinOnARedisClusterBehindOneAddress(t *testing.T) {
 	}
 	state := "state redis {\n\taddress " + nodes[0].Addr + "\n\tcluster\n\tusername " + leastPrivilegedUser +
 		"\n\tpassword " + leastPrivilegedPassword + "\n}"
-	c := startCluster(t, clusterOptions{State: state, Balancer: caddyRoundRobin})
+	c := startCluster(t, clusterOptions{State: state, Key: cartKey, Balancer: caddyRoundRobin})
 	res := runPipeline(t, c, "round robin, a Redis Cluster behind one address", clusterN(t, 200))
 	wantNoFailure(t, res)
+	wantNoLostUpdate(t, "handle race on a Redis Cluster", runCartRace(t, c))
 	if errs := nonZero(c.stateErrors(t)); len(errs) != 0 {
 		t.Fatalf("failed state calls: %v", errs)
 	}

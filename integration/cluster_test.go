@@ -34,8 +34,11 @@ type clusterOptions struct {
 	// PHPWorkers is the size of each instance's PHP-FPM pool (default 4).
 	PHPWorkers int
 	// Order is mcp_serializer's `order` setting on every instance ("" leaves
-	// it out: the default, local).
+	// it out: the default, cluster with state redis and local otherwise).
 	Order string
+	// Key is mcp_serializer's `key` setting on every instance ("" for none),
+	// e.g. cartKey.
+	Key string
 	// Balancer is the front (default: Caddy with lb_policy header
 	// Mcp-Session-Id).
 	Balancer balancer
@@ -97,6 +100,9 @@ func startCluster(t *testing.T, opts clusterOptions) *cluster {
 	serializer := "\t\tmcp_serializer {\n\t\t\tget_stream reject\n\t\t\tinit_timeout " + clusterInitTimeout.String() + "\n\t\t\tqueue_timeout 30s\n"
 	if opts.Order != "" {
 		serializer += "\t\t\torder " + opts.Order + "\n"
+	}
+	if opts.Key != "" {
+		serializer += "\t\t\tkey " + opts.Key + "\n"
 	}
 	if opts.State != "" {
 		serializer += "\t\t\t" + strings.ReplaceAll(strings.TrimSpace(opts.State), "\n", "\n\t\t\t") + "\n"

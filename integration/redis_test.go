@@ -96,12 +96,12 @@ func (r *redisServer) start(t testing.TB) {
 	}
 }
 
-// sentinelSet is a master, its replica and a Sentinel watching them under
-// sentinelMaster, quick to fail over (the master is called down after a
-// second without an answer).
+// sentinelSet is a master, its replica and three Sentinels watching them
+// under sentinelMaster with a quorum of two, as operators run it, quick to
+// fail over (the master is called down after a second without an answer).
 type sentinelSet struct {
 	Master, Replica *redisServer
-	Sentinel        string // the Sentinel's address
+	Sentinels       []string // the Sentinels' addresses
 }
 
 const sentinelMaster = "mymaster"
@@ -111,33 +111,61 @@ func startSentinelSet(t testing.TB) *sentinelSet {
 	master := startRedis(t)
 	replica := newRedisServer(t, "--replicaof", "127.0.0.1", strings.TrimPrefix(master.Addr, "127.0.0.1:"))
 	replica.start(t)
-	dir := t.TempDir()
-	port := freePort(t)
-	conf := filepath.Join(dir, "sentinel.conf")
 	_, masterPort, _ := net.SplitHostPort(master.Addr)
-	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %s 1\n"+
-		"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n",
-		port, dir, sentinelMaster, masterPort, sentinelMaster, sentinelMaster)
-	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	log := filepath.Join(dir, "sentinel.log")
-	dumpOnFailure(t, "sentinel", log)
-	startProcess(t, "redis-sentinel", exec.Command(master.bin, conf, "--sentinel"), log, syscall.SIGTERM, 5*time.Second)
-	set := &sentinelSet{Master: master, Replica: replica, Sentinel: "127.0.0.1:" + strconv.Itoa(port)}
-	deadline := time.Now().Add(20 * time.Second)
-	for set.masterPort() != masterPort {
-		if time.Now().After(deadline) {
-			t.Fatalf("the sentinel does not know %s after 20s\n%s", sentinelMaster, tailFile(log, 4000))
+	set := &sentinelSet{Master: master, Replica: replica}
+	var logs []string
+	for i := 0; i < 3; i++ {
+		dir := t.TempDir()
+		port := freePort(t)
+		conf := filepath.Join(dir, "sentinel.conf")
+		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %s 2\n"+
+			"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n",
+			port, dir, sentinelMaster, masterPort, sentinelMaster, sentinelMaster)
+		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		log := filepath.Join(dir, "sentinel.log")
+		logs = append(logs, log)
+		dumpOnFailure(t, "sentinel "+strconv.Itoa(i+1), log)
+		startProcess(t, "redis-sentinel", exec.Command(master.bin, conf, "--sentinel"), log, syscall.SIGTERM, 5*time.Second)
+		set.Sentinels = append(set.Sentinels, "127.0.0.1:"+strconv.Itoa(port))
+	}
+	// Each Sentinel must know the master and have found the other two
+	// (through the master's hello channel) before a failover can reach
+	// its quorum.
+	deadline := time.Now().Add(30 * time.Second)
+	for _, s := range set.Sentinels {
+		for !set.sentinelReady(s, masterPort) {
+			if time.Now().After(deadline) {
+				t.Fatalf("sentinel %s does not know %s and its two peers after 30s\n%s", s, sentinelMaster, tailFile(logs[0], 4000))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 	return set
 }
 
-// masterPort is the port the Sentinel gives for the master, "" if none.
+// sentinelReady tells whether the Sentinel at addr names the master on
+// masterPort and knows two other Sentinels.
+func (s *sentinelSet) sentinelReady(addr, masterPort string) bool {
+	reply, err := redisCommand(addr, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", sentinelMaster)
+	if _, port, _ := strings.Cut(reply, " "); err != nil || port != masterPort {
+		return false
+	}
+	reply, err = redisCommand(addr, "SENTINEL", "MASTER", sentinelMaster)
+	fields := strings.Fields(reply)
+	for i := 0; err == nil && i+1 < len(fields); i++ {
+		if fields[i] == "num-other-sentinels" {
+			return fields[i+1] == "2"
+		}
+	}
+	return false
+}
+
+// masterPort is the port the first Sentinel gives for the master, "" if
+// none.
 func (s *sentinelSet) masterPort() string {
-	reply, err := redisCommand(s.Sentinel, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", sentinelMaster)
+	reply, err := redisCommand(s.Sentinels[0], "SENTINEL", "GET-MASTER-ADDR-BY-NAME", sentinelMaster)
 	if err != nil {
 		return ""
 	}
@@ -148,7 +176,7 @@ func (s *sentinelSet) masterPort() string {
 // state is the `state redis` block that reaches the master through the
 // Sentinel.
 func (s *sentinelSet) state() string {
-	return "state redis {\n\tsentinel " + s.Sentinel + "\n\tmaster_name " + sentinelMaster + "\n}"
+	return "state redis {\n\tsentinel " + strings.Join(s.Sentinels, " ") + "\n\tmaster_name " + sentinelMaster + "\n}"
 }
 
 // kill ends the server at once (SIGKILL), as a crash does; its records are

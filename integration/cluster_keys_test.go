@@ -1,0 +1,122 @@
+package integration
+
+import (
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// cartKey is the instances' `key` for the v2 client's cart handle, which
+// the client mirrors into the Mcp-Param-Cart header.
+const cartKey = "{http.request.header.Mcp-Param-Cart}"
+
+// cartAdds is the parallel cart_add calls of one handle race.
+const cartAdds = 24
+
+// timedCartRace is one handle race and when it started; Race is nil when
+// none ran (the connect or cart_create failed).
+type timedCartRace struct {
+	Started time.Time
+	Race    *cartRace
+	Summary string
+}
+
+// runCartRace runs one handle race through the front: cart_create, then
+// cartAdds cart_add calls on that cart at once, spread by the front over
+// the instances, then cart_get.
+func runCartRace(t *testing.T, c *cluster) timedCartRace {
+	t.Helper()
+	var res v2Connects
+	r := timedCartRace{Started: time.Now()}
+	runV2Client(t, 2*time.Minute, &res, "connects", "--url", c.Front+"/mcp", "--negotiation", "pin",
+		"--n", "1", "--adds", strconv.Itoa(cartAdds))
+	r.Race, r.Summary = res.First.Cart, res.summary()
+	return r
+}
+
+// wantNoLostUpdate fails the test unless the race ran with no failed call
+// and kept every item: no two calls on the cart overlapped in PHP.
+func wantNoLostUpdate(t *testing.T, label string, r timedCartRace) {
+	t.Helper()
+	switch {
+	case r.Race == nil:
+		t.Errorf("%s: no handle race ran: %s", label, r.Summary)
+	case r.Race.FailedCalls != 0 || r.Race.Lost != 0 || r.Race.Items != cartAdds:
+		t.Errorf("%s: %d of %d items kept, %d lost, %d calls failed %q", label, r.Race.Items, cartAdds, r.Race.Lost, r.Race.FailedCalls, r.Race.FailedSamples)
+	}
+}
+
+// cartRacesInBackground runs handle races one after another until the
+// returned stop is called; stop waits for the race under way and returns
+// them all.
+func cartRacesInBackground(t *testing.T, c *cluster) (stop func() []timedCartRace) {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		races []timedCartRace
+		quit  = make(chan struct{})
+		ended = make(chan struct{})
+	)
+	go func() {
+		defer close(ended) // also when runV2Client fails the test
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			r := runCartRace(t, c)
+			mu.Lock()
+			races = append(races, r)
+			mu.Unlock()
+		}
+	}()
+	return func() []timedCartRace {
+		t.Helper()
+		close(quit)
+		select {
+		case <-ended:
+		case <-time.After(3 * time.Minute):
+			t.Fatal("the handle race under way did not end within 3 minutes")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return races
+	}
+}
+
+// Parallel calls on one cart handle through three instances behind round
+// robin, the instances keyed on the handle: with order cluster (the
+// default with state redis) they run one at a time across the instances
+// and no update is lost; with order local each instance orders only its
+// own share, calls on different instances overlap in PHP and updates are
+// lost (which shows the race is there to be stopped).
+func TestClusterRoundRobinRunsCallsOnOneHandleOneAtATime(t *testing.T) {
+	prerequisites(t)
+	requireModule(t, redisStateModule)
+	r := startRedis(t)
+	state := "state redis {\n\taddress " + r.Addr + "\n}"
+
+	c := startCluster(t, clusterOptions{State: state, Key: cartKey, Balancer: caddyRoundRobin})
+	for i := 0; i < 3; i++ {
+		wantNoLostUpdate(t, "order cluster, race "+strconv.Itoa(i+1), runCartRace(t, c))
+	}
+	if errs := nonZero(c.stateErrors(t)); len(errs) != 0 {
+		t.Errorf("failed state calls: %v", errs)
+	}
+
+	local := startCluster(t, clusterOptions{State: state, Order: "local", Key: cartKey, Balancer: caddyRoundRobin})
+	lost := 0
+	for i := 0; i < 3; i++ {
+		race := runCartRace(t, local)
+		if race.Race == nil {
+			t.Fatalf("order local: no handle race ran: %s", race.Summary)
+		}
+		lost += race.Race.Lost
+	}
+	t.Logf("order local: %d of %d updates lost over 3 races", lost, 3*cartAdds)
+	if lost == 0 {
+		t.Error("order local lost no update: the race across instances is not reproduced (widen MCP_PHP_CART_MS)")
+	}
+}
