@@ -33,10 +33,11 @@ type stateWrite struct {
 	announce bool      // opOpened: tell every instance (order cluster)
 	err      error     // the engine's answer
 
-	state atomic.Uint32 // writeQueued, then writeSent or writeAbandoned
-	done  chan struct{} // closed once the engine answered, or the write was left out; nil: nobody waits
-	after func()        // nil, or run at that moment
-	id    string        // with no waiter: the session, for the failure's log line
+	state  atomic.Uint32 // writeQueued, then writeSent or writeAbandoned
+	done   chan struct{} // closed once the engine answered, or the write was left out; nil: nobody waits
+	after  func()        // nil, or run at that moment
+	id     string        // with no waiter: the session, for the failure's log line
+	failed func()        // with no waiter: called if the write fails, for the table to send it again
 }
 
 const (
@@ -135,10 +136,10 @@ func (s *sharedState) enqueue(w *stateWrite) {
 
 // queue sends w through the engine's batches with nobody waiting for
 // it: the serializer.WriteQueue writes. A failure is counted and logged
-// when the engine answers. False, without w, when the engine takes no
-// batches or no slot is free: the table then sends it itself, and tries
-// again if it fails.
-func (s *sharedState) queue(id string, w *stateWrite) bool {
+// when the engine answers, and handed back to the table through failed.
+// False, without w, when the engine takes no batches or no slot is free:
+// the table then sends it itself.
+func (s *sharedState) queue(id string, w *stateWrite, failed func()) bool {
 	if s.batch == nil {
 		return false
 	}
@@ -147,25 +148,25 @@ func (s *sharedState) queue(id string, w *stateWrite) bool {
 	default:
 		return false
 	}
-	w.id = id
+	w.id, w.failed = id, failed
 	s.enqueue(w)
 	return true
 }
 
 // QueueInitializeEnded is InitializeEnded with nobody waiting
 // (serializer.WriteQueue).
-func (s *sharedState) QueueInitializeEnded(id string) bool {
-	return s.queue(id, &stateWrite{op: opInitializeEnded, key: serializer.StoreKey(id)})
+func (s *sharedState) QueueInitializeEnded(id string, failed func()) bool {
+	return s.queue(id, &stateWrite{op: opInitializeEnded, key: serializer.StoreKey(id)}, failed)
 }
 
 // QueueOpened is Opened with nobody waiting.
-func (s *sharedState) QueueOpened(id string) bool {
-	return s.queue(id, &stateWrite{op: opOpened, key: serializer.StoreKey(id), announce: s.announceOpened})
+func (s *sharedState) QueueOpened(id string, failed func()) bool {
+	return s.queue(id, &stateWrite{op: opOpened, key: serializer.StoreKey(id), announce: s.announceOpened}, failed)
 }
 
 // QueueForget is Forget with nobody waiting, "not found" remembered as
 // Forget does once the record is gone.
-func (s *sharedState) QueueForget(id string) bool {
+func (s *sharedState) QueueForget(id string, failed func()) bool {
 	if s.batch == nil {
 		return false
 	}
@@ -178,7 +179,7 @@ func (s *sharedState) QueueForget(id string) bool {
 			s.notFound.add(key, version, s.now())
 		}
 	}
-	return s.queue(id, w)
+	return s.queue(id, w, failed)
 }
 
 // gaveUp: w's caller stops waiting, for cause; w is not sent if it was
@@ -274,7 +275,7 @@ func (s *sharedState) awaitWrites(linger *time.Timer) bool {
 }
 
 // answered ends w: its slot freed, its caller woken, or, with none, its
-// failure counted.
+// failure counted and handed back to the table.
 func (s *sharedState) answered(w *stateWrite) {
 	if w.after != nil {
 		w.after()
@@ -283,6 +284,9 @@ func (s *sharedState) answered(w *stateWrite) {
 	if w.done == nil {
 		if w.err != nil {
 			s.failed(w.op, w.id, w.err)
+			if w.failed != nil {
+				w.failed()
+			}
 		}
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -267,7 +268,7 @@ func TestAdapterHandsAQueuedWriteBackWhenEveryCallSlotIsTaken(t *testing.T) {
 	errs := takeEverySlot(t, eng, store)
 	counter := metrics.stateErrors.WithLabelValues("opened")
 	before := testutil.ToFloat64(counter)
-	if store.QueueOpened("s") {
+	if store.QueueOpened("s", func() { t.Error("a write handed back was reported failed") }) {
 		t.Fatal("QueueOpened took a write with no slot free")
 	}
 	if n := testutil.ToFloat64(counter); n != before {
@@ -357,8 +358,8 @@ func TestAdapterQueuedWritesGoInTheNextBatchWithNobodyWaiting(t *testing.T) {
 
 	go func() { errs <- store.Opened(ctx, "a") }()
 	eng.awaitBatch(t)
-	for _, queue := range []func(string) bool{store.QueueInitializeEnded, store.QueueOpened, store.QueueForget} {
-		if !queue("b") {
+	for _, queue := range []func(string, func()) bool{store.QueueInitializeEnded, store.QueueOpened, store.QueueForget} {
+		if !queue("b", func() { t.Error("a write that went was reported failed") }) {
 			t.Fatal("a batching adapter declined a queued write")
 		}
 	}
@@ -394,25 +395,29 @@ func (failingBatchEngine) Writes(_ context.Context, ws []*stateWrite, _ time.Dur
 	}
 }
 
-func TestAdapterCountsAQueuedWriteThatFails(t *testing.T) {
+// A queued write that fails is counted and handed back to the table,
+// once, through its failed callback.
+func TestAdapterCountsAndHandsBackAQueuedWriteThatFails(t *testing.T) {
 	store := newSharedState(failingBatchEngine{newFakeEngine()}, time.Hour, zap.NewNop())
 	counter := metrics.stateErrors.WithLabelValues("opened")
 	before := testutil.ToFloat64(counter)
-	if !store.QueueOpened("s") {
+	var handedBack atomic.Int32
+	if !store.QueueOpened("s", func() { handedBack.Add(1) }) {
 		t.Fatal("declined")
 	}
 	eventuallyTrue(t, "the failure counted", func() bool { return testutil.ToFloat64(counter) == before+1 })
 	eventuallyTrue(t, "the slot back", func() bool { return len(store.slots) == 0 })
+	eventuallyTrue(t, "the write handed back", func() bool { return handedBack.Load() == 1 })
 }
 
 // An engine that takes no batches (Caddy storage) gets its writes one at
 // a time, in order, from the serializer's goroutine: nothing is queued.
 func TestAdapterQueuesNothingForAnEngineWithoutBatches(t *testing.T) {
 	store := newSharedState(newFakeEngine(), time.Hour, zap.NewNop())
-	for name, queue := range map[string]func(string) bool{
+	for name, queue := range map[string]func(string, func()) bool{
 		"InitializeEnded": store.QueueInitializeEnded, "Opened": store.QueueOpened, "Forget": store.QueueForget,
 	} {
-		if queue("s") {
+		if queue("s", nil) {
 			t.Fatalf("Queue%s took a write for an engine without batches", name)
 		}
 	}

@@ -144,12 +144,15 @@ func (s *Session) synthesizerOffered(src SynthSource) {
 }
 
 // initializedAcknowledged: a message carrying notifications/initialized
-// was answered 2xx. Caller holds s.mu.
+// was answered 2xx. The record is marked open even when the gate here was
+// open already: it may have opened only because the record could not be
+// read (the engine was failing over), and the other instances wait for
+// this write. Caller holds s.mu.
 func (s *Session) initializedAcknowledged() {
 	if s.gate != gateOpen {
 		s.openGate()
-		s.record(opOpened)
 	}
+	s.record(opOpened)
 }
 
 // initTimeoutExpired: init_timeout has passed (the timer of sessionBegun

@@ -48,16 +48,24 @@ func (s *Session) record(op storeOp) {
 	s.writes = append(s.writes, op)
 	if !s.writing {
 		s.writing = true
-		go s.sendWrites()
+		go s.sendWrites(0)
 	}
 }
 
-// sendWrites sends s's queued writes until none is left. A write that
-// fails is tried again after a pause, up to writeTries times: a lost
-// Opened would leave the session gated on the other instances.
-func (s *Session) sendWrites() {
-	failures := 0
+// sendWrites sends s's queued writes until none is left, the first after
+// waiting wait (a write that already failed once). A write that fails is
+// tried again after a pause for as long as init_timeout: the other
+// instances hold the session's follow-ups that long waiting for its
+// Opened, so a write that outlasts a Redis failover still frees them.
+func (s *Session) sendWrites(wait time.Duration) {
+	paused, pause := wait, wait // since the write last succeeded; the last pause
 	for {
+		if wait > 0 && !s.table.sleep(wait) {
+			s.mu.Lock()
+			s.writing = false // the table closed
+			s.mu.Unlock()
+			return
+		}
 		s.mu.Lock()
 		if len(s.writes) == 0 {
 			s.writes, s.writing = nil, false
@@ -68,35 +76,31 @@ func (s *Session) sendWrites() {
 		s.writes = s.writes[:0]
 		s.mu.Unlock()
 
+		wait = 0
 		cfg := s.table.config()
 		if cfg.Store == nil {
 			continue // a reload turned the store off
 		}
 		if err := sendWrite(cfg, s.id, op); err == nil {
-			failures = 0
+			paused, pause = 0, 0
 			continue
 		}
-		if failures++; failures == writeTries {
-			failures = 0 // given up; the store counted each failure
+		pause = min(max(2*pause, firstWriteRetryPause), maxWriteRetryPause)
+		if paused+pause > cfg.InitTimeout {
+			paused, pause = 0, 0 // given up; the store counted each failure
 			continue
 		}
+		paused, wait = paused+pause, pause
 		s.mu.Lock()
 		s.writes = append(s.writes, op) // the strongest of them goes next
 		s.mu.Unlock()
-		if !s.table.sleep(writeRetryPause << (failures - 1)) {
-			s.mu.Lock()
-			s.writing = false
-			s.mu.Unlock()
-			return
-		}
 	}
 }
 
-// writeTries and writeRetryPause bound the attempts at one write: the
-// pauses double, 100 ms to 800 ms.
+// The pauses between tries of a failing write: 100 ms, doubling to 1 s.
 const (
-	writeTries      = 5
-	writeRetryPause = 100 * time.Millisecond
+	firstWriteRetryPause = 100 * time.Millisecond
+	maxWriteRetryPause   = time.Second
 )
 
 // sendWrite sends one write to the Store.

@@ -261,6 +261,32 @@ func TestFollowUpOnAnotherInstanceIsHeldUntilInitializedAck(t *testing.T) {
 	eventually(t, func() bool { rec, _ := store.record("s"); return rec.Open })
 }
 
+// An instance that could not read a session's record (the engine was
+// failing over) lets its requests through without a gate; when
+// notifications/initialized is acknowledged there, it still marks the
+// record open, which the session's creator waits for.
+func TestInitializedAcknowledgedWhereTheRecordWasUnreadableStillOpensIt(t *testing.T) {
+	store := newFakeStore()
+	tabs, _ := newInstances(t, 2, store, nil)
+	creator, other := tabs[0], tabs[1]
+	initialize, _ := creator.Begin("s", nil)
+	initialize.Done(200)
+	eventually(t, func() bool { rec, _ := store.record("s"); return !rec.InitializeInFlight })
+
+	store.mu.Lock()
+	store.fail = errStoreDown
+	store.mu.Unlock()
+	initialized := mustGet(t, acquireAsync(t, other, bg, "s", CarriesInitialized))
+	if g, _ := gateOf(other, "s"); initialized.err != nil || g != gateOpen {
+		t.Fatalf("with the record unreadable: err=%v gate=%v, want the request through", initialized.err, g)
+	}
+	store.mu.Lock()
+	store.fail = nil
+	store.mu.Unlock()
+	initialized.turn.Done(202)
+	eventually(t, func() bool { rec, _ := store.record("s"); return rec.Open })
+}
+
 func TestConcurrentFirstRequestsShareOneLookup(t *testing.T) {
 	store := newFakeStore()
 	store.put("s", Record{Open: true})
@@ -740,25 +766,30 @@ func TestFailedOpenedIsSentAgainAfterAPause(t *testing.T) {
 	store.mu.Lock()
 	store.fail = nil
 	store.mu.Unlock()
-	clock.Advance(writeRetryPause)
+	clock.Advance(firstWriteRetryPause)
 	eventually(t, func() bool { rec, _ := store.record("s"); return rec.Open })
 }
 
-func TestFailingWriteIsTriedABoundedNumberOfTimes(t *testing.T) {
+// A failing write is tried for as long as init_timeout, the longest the
+// other instances hold a session's follow-ups for its Opened, and no
+// longer: with init_timeout 10 s, after pauses of 0.1, 0.2, 0.4, 0.8 s and
+// then 1 s eight times (9.5 s in all), 13 tries.
+func TestFailingWriteIsTriedForAsLongAsInitTimeout(t *testing.T) {
 	store := newFakeStore()
-	tabs, clock := newInstances(t, 1, store, nil)
+	tabs, clock := newInstances(t, 1, store, func(cfg *Config) { cfg.InitTimeout = 10 * time.Second })
 	initialize, _ := tabs[0].Begin("s", nil)
 	store.mu.Lock()
 	store.fail = errStoreDown
 	store.mu.Unlock()
 	initialize.Done(200)
-	for range 20 {
-		clock.Advance(writeRetryPause << writeTries)
+	const want = 13
+	for range 40 {
+		clock.Advance(maxWriteRetryPause)
 		time.Sleep(time.Millisecond)
 	}
-	eventually(t, func() bool { return store.count("InitializeEnded") == writeTries })
+	eventually(t, func() bool { return store.count("InitializeEnded") == want })
 	time.Sleep(20 * time.Millisecond)
-	if n := store.count("InitializeEnded"); n != writeTries {
-		t.Fatalf("%d attempts, want %d", n, writeTries)
+	if n := store.count("InitializeEnded"); n != want {
+		t.Fatalf("%d attempts, want %d", n, want)
 	}
 }

@@ -28,10 +28,11 @@ type WriteQueue interface {
 	// QueueInitializeEnded, QueueOpened and QueueForget hand the write
 	// over and return at once, without calling back into the table;
 	// false when the store does not take writes so (the table then sends
-	// it as any Store's).
-	QueueInitializeEnded(id string) bool
-	QueueOpened(id string) bool
-	QueueForget(id string) bool
+	// it as any Store's). failed is called, outside any of the store's
+	// locks, if the write fails: the table then sends it again itself.
+	QueueInitializeEnded(id string, failed func()) bool
+	QueueOpened(id string, failed func()) bool
+	QueueForget(id string, failed func()) bool
 }
 
 // queueWrite hands op to a WriteQueue store; false when the store does
@@ -42,13 +43,27 @@ func (s *Session) queueWrite(cfg *Config, op storeOp) bool {
 	if !ok || s.writing {
 		return false
 	}
+	failed := func() { s.writeFailed(op) }
 	switch op {
 	case opInitializeEnded:
-		return q.QueueInitializeEnded(s.id)
+		return q.QueueInitializeEnded(s.id, failed)
 	case opOpened:
-		return q.QueueOpened(s.id)
+		return q.QueueOpened(s.id, failed)
 	case opForget:
-		return q.QueueForget(s.id)
+		return q.QueueForget(s.id, failed)
 	}
 	return false
+}
+
+// writeFailed: a write a WriteQueue took has failed. The session's own
+// goroutine sends it again after a pause, and the session's later writes
+// after it.
+func (s *Session) writeFailed(op storeOp) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writes = append(s.writes, op)
+	if !s.writing {
+		s.writing = true
+		go s.sendWrites(firstWriteRetryPause)
+	}
 }

@@ -72,24 +72,34 @@ func TestWritesQueuedWhileOneIsSentGoAsOne(t *testing.T) {
 // (WriteQueue): it logs them, or, with refuse set, declines them.
 type queueingStore struct {
 	*fakeStore
-	refuse bool
+	refuse bool // decline every write
+	fail   bool // take every write, then report it failed
 	qmu    sync.Mutex
 	queued []string // "op id"
 }
 
-func (q *queueingStore) take(op, id string) bool {
+func (q *queueingStore) take(op, id string, failed func()) bool {
 	if q.refuse {
 		return false
 	}
 	q.qmu.Lock()
 	defer q.qmu.Unlock()
 	q.queued = append(q.queued, op+" "+id)
+	if q.fail {
+		go failed()
+	}
 	return true
 }
 
-func (q *queueingStore) QueueInitializeEnded(id string) bool { return q.take("InitializeEnded", id) }
-func (q *queueingStore) QueueOpened(id string) bool          { return q.take("Opened", id) }
-func (q *queueingStore) QueueForget(id string) bool          { return q.take("Forget", id) }
+func (q *queueingStore) QueueInitializeEnded(id string, failed func()) bool {
+	return q.take("InitializeEnded", id, failed)
+}
+func (q *queueingStore) QueueOpened(id string, failed func()) bool {
+	return q.take("Opened", id, failed)
+}
+func (q *queueingStore) QueueForget(id string, failed func()) bool {
+	return q.take("Forget", id, failed)
+}
 
 func (q *queueingStore) queuedLog() []string {
 	q.qmu.Lock()
@@ -143,15 +153,45 @@ func TestWritesAStoreDeclinesToQueueGoThroughItsMethods(t *testing.T) {
 	}
 }
 
+// A queued write that fails (Redis failing over while the batch went) is
+// handed back: the table sends it again itself after a pause, so the
+// record still opens and the other instances stop holding the session.
+func TestQueuedWriteThatFailsIsSentAgainByTheTable(t *testing.T) {
+	store := &queueingStore{fakeStore: newFakeStore(), fail: true}
+	tab, clock := newTestTable(t, func(c *Config) { c.Store = store })
+	initialize, _ := tab.Begin("s", nil)
+	initialize.Done(200)
+	turn, err := tab.Acquire(context.Background(), "s", CarriesInitialized)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn.Done(202)
+	eventually(t, func() bool { return slices.Contains(store.queuedLog(), "Opened s") })
+	if n := store.count("Opened"); n != 0 {
+		t.Fatalf("Opened sent %d times before the pause", n)
+	}
+	eventually(t, func() bool {
+		clock.Advance(firstWriteRetryPause)
+		rec, _ := store.record("s")
+		return rec.Open
+	})
+}
+
 // queueingTurns is a queueing store with cluster turns.
 type queueingTurns struct {
 	*memTurns
 	q *queueingStore
 }
 
-func (t *queueingTurns) QueueInitializeEnded(id string) bool { return t.q.QueueInitializeEnded(id) }
-func (t *queueingTurns) QueueOpened(id string) bool          { return t.q.QueueOpened(id) }
-func (t *queueingTurns) QueueForget(id string) bool          { return t.q.QueueForget(id) }
+func (t *queueingTurns) QueueInitializeEnded(id string, failed func()) bool {
+	return t.q.QueueInitializeEnded(id, failed)
+}
+func (t *queueingTurns) QueueOpened(id string, failed func()) bool {
+	return t.q.QueueOpened(id, failed)
+}
+func (t *queueingTurns) QueueForget(id string, failed func()) bool {
+	return t.q.QueueForget(id, failed)
+}
 
 // With cluster turns too, a store that queues writes gets each one as it
 // happens (it announces an Opened itself, once written).
