@@ -368,7 +368,7 @@ func runSentinel(t *testing.T, name, master string) string {
 
 // startRedisCluster runs n masters on loopback and joins them into a Redis
 // Cluster with redis-cli --cluster create; it returns their addresses.
-func startRedisCluster(t *testing.T, n int) []string {
+func startRedisCluster(t testing.TB, n int) []string {
 	t.Helper()
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -204,6 +205,184 @@ func BenchmarkSessionRequestOnRedis(b *testing.B) {
 			}
 		})
 	}
+}
+
+// What a hand-on costs a three-master Redis Cluster: requests on 64
+// sessions alternate between two instances, so every request asks and the
+// other instance hands on. ns/op is a request's time (ask, hand-on heard,
+// claim); per node: Redis CPU beyond what it spends idle, announcements carried over the cluster bus
+// and bytes sent, per request. A PUBLISH goes to every node, and every
+// instance's subscription sits on the node owning the channel's slot.
+func BenchmarkTurnHandOnOnRedisCluster(b *testing.B) {
+	addrs := startRedisCluster(b, 3)
+	eng := loadEngine(b, nil, "redis", map[string]any{"address": []string{addrs[0]}, "cluster": true}).(*RedisState)
+	var tabs []*serializer.Table
+	for range 2 {
+		shared := newSharedState(eng, time.Hour, zap.NewNop())
+		cluster := newClusterState(shared, eng)
+		cfg := serializer.Defaults()
+		cfg.Store, cfg.Turns, cfg.StoreTimeout = cluster, cluster, time.Second
+		tab := serializer.NewTable(cfg)
+		b.Cleanup(tab.Close)
+		tabs = append(tabs, tab)
+	}
+	eventuallyTrueB(b, eng.Announcing)
+	ctx := context.Background()
+	ids := make([]string, 64)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("bench-handon-%d", i)
+		for _, tab := range tabs {
+			turn, _ := tab.Acquire(ctx, ids[i], 0) // the first sight's lookup
+			turn.Done(200)
+		}
+	}
+	nodes := make([]*redis.Client, len(addrs))
+	for i, addr := range addrs {
+		nodes[i] = redis.NewClient(&redis.Options{Addr: addr})
+		defer nodes[i].Close()
+	}
+	// A cluster's nodes spend CPU while idle (the bus's pings, cron): what
+	// they spend in a second is taken off per second of the run.
+	idle := make([]nodeLoad, len(nodes))
+	for i, n := range nodes {
+		idle[i] = readNodeLoad(b, n)
+	}
+	time.Sleep(time.Second)
+	before := make([]nodeLoad, len(nodes))
+	for i, n := range nodes {
+		before[i] = readNodeLoad(b, n)
+		idle[i] = before[i].minus(idle[i])
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		turn, err := tabs[i%2].Acquire(ctx, ids[(i/2)%len(ids)], 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		turn.Done(200)
+	}
+	b.StopTimer()
+	elapsed := time.Since(start)
+	n := float64(b.N)
+	var published int64
+	for i, node := range nodes {
+		d := readNodeLoad(b, node).minus(before[i])
+		published += d.publishes
+		busy := d.cpu - time.Duration(float64(idle[i].cpu)*elapsed.Seconds())
+		b.ReportMetric(busy.Seconds()*1e6/n, fmt.Sprintf("node%d-cpu-µs/op", i+1))
+		b.ReportMetric(float64(d.busPublishes)/n, fmt.Sprintf("node%d-bus-announcements/op", i+1))
+		b.ReportMetric(float64(d.sent)/n, fmt.Sprintf("node%d-sent-B/op", i+1))
+	}
+	b.ReportMetric(float64(published)/n, "announcements/op")
+}
+
+// What one announcement costs a three-master Redis Cluster's nodes, as
+// PUBLISH (what the module sends) and as SPUBLISH (sharded pub/sub) on a
+// channel of the publishing node's slots, heard by a subscriber on that
+// node: owner-cpu is the publishing node's, others-cpu the two other
+// nodes' together. A PUBLISH is copied over the cluster bus to every node.
+func BenchmarkAnnouncementOnRedisCluster(b *testing.B) {
+	addrs := startRedisCluster(b, 3)
+	ctx := context.Background()
+	nodes := make([]*redis.Client, len(addrs))
+	for i, addr := range addrs {
+		nodes[i] = redis.NewClient(&redis.Options{Addr: addr})
+		defer nodes[i].Close()
+	}
+	owner := nodes[0]
+	var channel string // a channel in the first node's slots
+	for i := 0; channel == ""; i++ {
+		c := "mcp_serializer:changed:" + strconv.Itoa(i)
+		if err := owner.Do(ctx, "SPUBLISH", c, "probe").Err(); err == nil {
+			channel = c
+		}
+	}
+	msg := "want mcp_serializer:" + strings.Repeat("0", 64) + " 0123456789abcdef.42 3"
+	for _, bench := range []struct {
+		name      string
+		subscribe func() *redis.PubSub
+		publish   func() error
+	}{
+		{"publish", func() *redis.PubSub { return owner.Subscribe(ctx, channel) },
+			func() error { return owner.Publish(ctx, channel, msg).Err() }},
+		{"spublish", func() *redis.PubSub { return owner.SSubscribe(ctx, channel) },
+			func() error { return owner.SPublish(ctx, channel, msg).Err() }},
+	} {
+		b.Run(bench.name, func(b *testing.B) {
+			sub := bench.subscribe()
+			defer sub.Close()
+			if _, err := sub.Receive(ctx); err != nil {
+				b.Fatal(err)
+			}
+			go func() {
+				for range sub.Channel() {
+				}
+			}()
+			before := make([]nodeLoad, len(nodes))
+			for i, n := range nodes {
+				before[i] = readNodeLoad(b, n)
+			}
+			b.ResetTimer()
+			for range b.N {
+				if err := bench.publish(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			var others time.Duration
+			for i, n := range nodes[1:] {
+				others += readNodeLoad(b, n).minus(before[i+1]).cpu
+			}
+			n := float64(b.N)
+			b.ReportMetric(readNodeLoad(b, owner).minus(before[0]).cpu.Seconds()*1e6/n, "owner-cpu-µs/op")
+			b.ReportMetric(others.Seconds()*1e6/n, "others-cpu-µs/op")
+		})
+	}
+}
+
+// nodeLoad is what a Redis node has done so far: its CPU, the
+// announcements it published and those it received over the cluster bus,
+// and the bytes it sent to clients.
+type nodeLoad struct {
+	cpu          time.Duration
+	publishes    int64
+	busPublishes int64
+	sent         int64
+}
+
+func (a nodeLoad) minus(b nodeLoad) nodeLoad {
+	return nodeLoad{a.cpu - b.cpu, a.publishes - b.publishes, a.busPublishes - b.busPublishes, a.sent - b.sent}
+}
+
+func readNodeLoad(t testing.TB, c *redis.Client) nodeLoad {
+	t.Helper()
+	ctx := context.Background()
+	info, err := c.Info(ctx, "cpu", "stats", "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus, err := c.ClusterInfo(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var load nodeLoad
+	for _, line := range strings.Split(info+"\n"+bus, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch k {
+		case "used_cpu_sys", "used_cpu_user":
+			sec, _ := strconv.ParseFloat(v, 64)
+			load.cpu += time.Duration(sec * float64(time.Second))
+		case "cluster_stats_messages_publish_received":
+			load.busPublishes, _ = strconv.ParseInt(v, 10, 64)
+		case "cmdstat_publish": // calls=N,usec=…
+			calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
+			load.publishes, _ = strconv.ParseInt(calls, 10, 64)
+		case "total_net_output_bytes":
+			load.sent, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return load
 }
 
 func eventuallyTrueB(b *testing.B, cond func() bool) {
