@@ -29,7 +29,7 @@ func TestClusterRoundRobinSentinelFailoverMidRun(t *testing.T) {
 	requireModule(t, redisStateModule)
 	set := startSentinelSet(t)
 	for _, r := range []*redisServer{set.Master, set.Replica} {
-		addLeastPrivilegedUser(t, r.Addr)
+		addLeastPrivilegedUser(t, r)
 	}
 	state := strings.Replace(set.state(), "\n}", "\n\tusername "+leastPrivilegedUser+"\n\tpassword "+leastPrivilegedPassword+"\n}", 1)
 	c := startCluster(t, clusterOptions{State: state, Key: cartKey, Balancer: caddyRoundRobin, Front: deadInstanceFront})
@@ -96,7 +96,7 @@ func TestClusterRoundRobinOnARedisClusterBehindOneAddress(t *testing.T) {
 	requireModule(t, redisStateModule)
 	nodes := startRedisCluster(t)
 	for _, r := range nodes {
-		addLeastPrivilegedUser(t, r.Addr, "+cluster|slots", "+cluster|shards")
+		addLeastPrivilegedUser(t, r, "+cluster|slots", "+cluster|shards")
 	}
 	state := "state redis {\n\taddress " + nodes[0].Addr + "\n\tcluster\n\tusername " + leastPrivilegedUser +
 		"\n\tpassword " + leastPrivilegedPassword + "\n}"
@@ -120,10 +120,10 @@ const (
 	leastPrivilegedPassword = "least-privilege-secret"
 )
 
-// addLeastPrivilegedUser creates, on the server at addr, the user of the
+// addLeastPrivilegedUser creates, on the server r, the user of the
 // README's ACL rule (the line that starts "ACL SETUSER mcp_serializer"),
 // with more rules if given.
-func addLeastPrivilegedUser(t *testing.T, addr string, more ...string) {
+func addLeastPrivilegedUser(t *testing.T, r *redisServer, more ...string) {
 	t.Helper()
 	readme, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
 	if err != nil {
@@ -140,8 +140,8 @@ func addLeastPrivilegedUser(t *testing.T, addr string, more ...string) {
 		t.Fatalf("README.md has no line starting %q", start)
 	}
 	args := append([]string{"ACL", "SETUSER", leastPrivilegedUser, "on", ">" + leastPrivilegedPassword}, append(rule, more...)...)
-	if reply, err := redisCommand(addr, args...); err != nil || reply != "OK" {
-		t.Fatalf("%s: ACL SETUSER: %q, %v", addr, reply, err)
+	if reply, err := r.command(args...); err != nil || reply != "OK" {
+		t.Fatalf("%s: ACL SETUSER: %q, %v", r.Addr, reply, err)
 	}
 }
 
@@ -150,11 +150,14 @@ func addLeastPrivilegedUser(t *testing.T, addr string, more ...string) {
 // with no failed state call; an instance without them is refused by Redis
 // on every call, carries on alone (its own sessions still work), counts
 // the refusals and WARNs about them at most once per 10 s per operation.
+// The instances log in as the README's least-privileged user.
 func TestClusterRoundRobinWithRedisRequiringClientCertificates(t *testing.T) {
 	prerequisites(t)
 	requireModule(t, redisStateModule)
 	r, caFile, certFile, keyFile := startTLSRedis(t)
-	trusting := fmt.Sprintf("state redis {\n\taddress %s\n\ttls_ca_file %s\n\ttls_server_name %s\n", r.Addr, caFile, testcerts.ServerName)
+	addLeastPrivilegedUser(t, r)
+	trusting := fmt.Sprintf("state redis {\n\taddress %s\n\ttls_ca_file %s\n\ttls_server_name %s\n\tusername %s\n\tpassword %s\n",
+		r.Addr, caFile, testcerts.ServerName, leastPrivilegedUser, leastPrivilegedPassword)
 	c := startCluster(t, clusterOptions{Balancer: caddyRoundRobin,
 		State: trusting + fmt.Sprintf("\ttls_cert_file %s\n\ttls_key_file %s\n}", certFile, keyFile)})
 	res := runPipeline(t, c, "round robin, Redis with mutual TLS", clusterN(t, 100))
