@@ -71,7 +71,7 @@ test: deps lint $(CADDY) $(DEMO) $(CLIENT_DEPS)
 	go test -race -timeout 30m ./...
 
 # Plain Caddy and Caddy with mcp_serializer side by side, same binary, same
-# load, alternating rounds (BENCHMARKS.md). Options: BENCH_FLAGS="-pairs 20 -v".
+# load, alternating rounds (docs/benchmarks.md). Options: BENCH_FLAGS="-pairs 20 -v".
 bench: $(CADDY)
 	go run ./integration/bench -caddy $(CADDY) $(BENCH_FLAGS)
 

@@ -470,7 +470,7 @@ func TestClusterTurnsMoveWithoutChannelRights(t *testing.T) {
 	}
 }
 
-// leastPrivilegeACL is the rule the README gives for the module's Redis
+// leastPrivilegeACL is the rule docs/several-instances.md gives for the module's Redis
 // user with the default key_prefix: its keys, its channel, and the
 // commands its scripts and calls use, nothing else.
 const leastPrivilegeACL = "resetkeys ~mcp_serializer:* resetchannels &mcp_serializer:changed -@all +@connection +eval +evalsha +hmget +hget +hset +exists +pexpire +del +time +publish +subscribe"
@@ -548,13 +548,13 @@ func TestRedisEngineRunsAsTheLeastPrivilegedUser(t *testing.T) {
 	}
 }
 
-// The README gives operators the rule the least-privilege test runs.
-func TestReadmeGivesTheTestedACLRule(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// The docs give operators the rule the least-privilege test runs.
+func TestDocsGiveTheTestedACLRule(t *testing.T) {
+	page, err := os.ReadFile("../docs/several-instances.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "ACL SETUSER mcp_serializer on >{password} " + leastPrivilegeACL + "\n"; !strings.Contains(string(readme), want) {
-		t.Fatalf("README.md lacks the tested ACL rule:\n%s", want)
+	if want := "ACL SETUSER mcp_serializer on >{password} " + leastPrivilegeACL + "\n"; !strings.Contains(string(page), want) {
+		t.Fatalf("docs/several-instances.md lacks the tested ACL rule:\n%s", want)
 	}
 }

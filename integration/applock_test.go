@@ -42,8 +42,8 @@ func (f *phpFPM) appLockDirectives(params ...string) string {
 // stops concurrent requests of a session from overwriting each other's
 // saves but not from running out of order: a request that gets the lock
 // before notifications/initialized is still rejected. The module does both.
-// The test logs the comparison as a table (README "Measured",
-// BENCHMARKS.md).
+// The test logs the comparison as a table (docs/benchmarks.md, "Against
+// an app lock").
 func TestAppLockComparedWithTheModule(t *testing.T) {
 	prerequisites(t)
 	fpm := startPHPFPM(t, phpFPMOptions{Workers: 8})

@@ -22,7 +22,7 @@ import (
 // once the new master answers, no two calls on a cart overlap in PHP (no
 // lost update), and the next 100 connects fail none.
 //
-// The instances log in as a user with the README's least-privilege rule,
+// The instances log in as a user with the documented least-privilege rule,
 // on the master and on the replica it fails over to.
 func TestClusterRoundRobinSentinelFailoverMidRun(t *testing.T) {
 	prerequisites(t)
@@ -89,8 +89,9 @@ func TestClusterRoundRobinSentinelFailoverMidRun(t *testing.T) {
 // A three-master Redis Cluster given as one address with `cluster` (a
 // managed service's configuration endpoint), behind round robin: no
 // failure, no failed state call, parallel calls on one cart handle lose no
-// update, and the sessions' turns spread over the masters. The instances log in as a user with the README's
-// least-privilege rule and what it says a cluster adds.
+// update, and the sessions' turns spread over the masters. The instances
+// log in as a user with the documented least-privilege rule and what it
+// says a cluster adds.
 func TestClusterRoundRobinOnARedisClusterBehindOneAddress(t *testing.T) {
 	prerequisites(t)
 	requireModule(t, redisStateModule)
@@ -114,18 +115,18 @@ func TestClusterRoundRobinOnARedisClusterBehindOneAddress(t *testing.T) {
 	}
 }
 
-// The user the README's least-privilege ACL rule creates, with a password.
+// The user the documented least-privilege ACL rule creates, with a password.
 const (
 	leastPrivilegedUser     = "mcp_serializer"
 	leastPrivilegedPassword = "least-privilege-secret"
 )
 
 // addLeastPrivilegedUser creates, on the server r, the user of the
-// README's ACL rule (the line that starts "ACL SETUSER mcp_serializer"),
-// with more rules if given.
+// documented ACL rule (the line of docs/several-instances.md that starts
+// "ACL SETUSER mcp_serializer"), with more rules if given.
 func addLeastPrivilegedUser(t *testing.T, r *redisServer, more ...string) {
 	t.Helper()
-	readme, err := os.ReadFile(filepath.Join(repoRoot(t), "README.md"))
+	readme, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "several-instances.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +138,7 @@ func addLeastPrivilegedUser(t *testing.T, r *redisServer, more ...string) {
 		}
 	}
 	if len(rule) == 0 {
-		t.Fatalf("README.md has no line starting %q", start)
+		t.Fatalf("docs/several-instances.md has no line starting %q", start)
 	}
 	args := append([]string{"ACL", "SETUSER", leastPrivilegedUser, "on", ">" + leastPrivilegedPassword}, append(rule, more...)...)
 	if reply, err := r.command(args...); err != nil || reply != "OK" {
@@ -150,7 +151,7 @@ func addLeastPrivilegedUser(t *testing.T, r *redisServer, more ...string) {
 // with no failed state call; an instance without them is refused by Redis
 // on every call, carries on alone (its own sessions still work), counts
 // the refusals and WARNs about them at most once per 10 s per operation.
-// The instances log in as the README's least-privileged user.
+// The instances log in as the documented least-privileged user.
 func TestClusterRoundRobinWithRedisRequiringClientCertificates(t *testing.T) {
 	prerequisites(t)
 	requireModule(t, redisStateModule)

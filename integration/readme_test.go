@@ -8,44 +8,78 @@ import (
 	"testing"
 )
 
-// The README's nginx and HAProxy blocks are excerpts of the example files
-// the cluster tests run: every line of a block is in the file, in the same
-// order, so that what operators copy is what was tested.
-func TestReadmeFrontConfigsAreTheTestedExampleFiles(t *testing.T) {
+// docPages are the pages operators read: the README and docs/.
+func docPages(t *testing.T) map[string][]byte {
+	t.Helper()
 	root := repoRoot(t)
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	names, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for lang, file := range map[string]string{"nginx": "nginx.conf", "haproxy": "haproxy.cfg"} {
-		example, err := os.ReadFile(filepath.Join(root, "examples", "cluster", file))
+	pages := map[string][]byte{}
+	for _, name := range append(names, filepath.Join(root, "README.md")) {
+		text, err := os.ReadFile(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		blocks := regexp.MustCompile("(?s)```"+lang+"\n(.*?)```").FindAllSubmatch(readme, -1)
-		if len(blocks) == 0 {
-			t.Fatalf("README has no %s block", lang)
-		}
-		lines := strings.Split(string(example), "\n")
-		for _, block := range blocks {
-			at := 0
-			for _, want := range strings.Split(string(block[1]), "\n") {
-				want = strings.TrimSpace(want)
-				if want == "" {
-					continue
+		rel, _ := filepath.Rel(root, name)
+		pages[rel] = text
+	}
+	return pages
+}
+
+// The nginx and HAProxy blocks of the README and docs/ are excerpts of
+// the example files the tests run: every line of a block is in one of
+// them, in the same order, so that what operators copy is what was
+// tested.
+func TestDocsFrontConfigsAreTheTestedExampleFiles(t *testing.T) {
+	root := repoRoot(t)
+	seen := map[string]int{}
+	for page, text := range docPages(t) {
+		for lang, pattern := range map[string]string{"nginx": "nginx*.conf", "haproxy": "haproxy*.cfg"} {
+			files, _ := filepath.Glob(filepath.Join(root, "examples", "*", pattern))
+			var examples []string
+			for _, f := range files {
+				text, err := os.ReadFile(f)
+				if err != nil {
+					t.Fatal(err)
 				}
-				found := false
-				for ; at < len(lines); at++ {
-					if strings.TrimSpace(lines[at]) == want {
-						found, at = true, at+1
-						break
-					}
-				}
-				if !found {
-					t.Errorf("README's %s block has %q, which examples/cluster/%s does not have there", lang, want, file)
-					break
+				examples = append(examples, string(text))
+			}
+			for _, block := range regexp.MustCompile("(?s)```"+lang+"\n(.*?)```").FindAllSubmatch(text, -1) {
+				seen[lang]++
+				if !excerptOfAny(string(block[1]), examples) {
+					t.Errorf("%s: a %s block is not an excerpt of any of %q:\n%s", page, lang, files, block[1])
 				}
 			}
 		}
 	}
+	if seen["nginx"] == 0 || seen["haproxy"] == 0 {
+		t.Fatalf("blocks found: %v; want nginx and haproxy blocks in the docs", seen)
+	}
+}
+
+// excerptOfAny tells whether every non-empty line of block is, trimmed, a
+// line of one of the files, in the same order.
+func excerptOfAny(block string, files []string) bool {
+	for _, file := range files {
+		lines, at, whole := strings.Split(file, "\n"), 0, true
+		for _, want := range strings.Split(block, "\n") {
+			if want = strings.TrimSpace(want); want == "" {
+				continue
+			}
+			for at < len(lines) && strings.TrimSpace(lines[at]) != want {
+				at++
+			}
+			if at == len(lines) {
+				whole = false
+				break
+			}
+			at++
+		}
+		if whole {
+			return true
+		}
+	}
+	return false
 }
