@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
@@ -409,13 +410,51 @@ func TestMaxBufferedDefaultsAndMustExceedMaxBody(t *testing.T) {
 		{1 << 20, 1 << 20, 0},
 		{0, -1, 0},
 	} {
-		h := &Handler{MaxBody: tc.maxBody, MaxBuffered: tc.maxBuffered}
-		_, err := h.config()
+		h := &Handler{MaxBody: tc.maxBody, MaxBuffered: tc.maxBuffered, Order: orderLocal}
+		h.fillDefaults()
+		err := h.Validate()
 		switch {
 		case tc.want == 0 && (err == nil || !strings.Contains(err.Error(), "max_buffered")):
 			t.Errorf("max_body %d, max_buffered %d: err = %v, want one naming max_buffered", tc.maxBody, tc.maxBuffered, err)
-		case tc.want != 0 && (err != nil || h.MaxBuffered != tc.want || h.budget.limit != tc.want):
-			t.Errorf("max_body %d, max_buffered %d: got %d (budget %v), err %v; want %d", tc.maxBody, tc.maxBuffered, h.MaxBuffered, h.budget, err, tc.want)
+		case tc.want != 0 && (err != nil || h.MaxBuffered != tc.want):
+			t.Errorf("max_body %d, max_buffered %d: got %d, err %v; want %d", tc.maxBody, tc.maxBuffered, h.MaxBuffered, err, tc.want)
 		}
+	}
+}
+
+// Each module's Validate holds its checks, as Caddy's own modules do, and
+// names the setting it refuses: run on settings as Provision leaves them.
+func TestValidateRefusesEachBadSettingByName(t *testing.T) {
+	handler := func(edit func(*Handler)) *Handler {
+		h := &Handler{Order: orderLocal}
+		edit(h)
+		h.fillDefaults()
+		return h
+	}
+	for _, tc := range []struct {
+		module caddy.Validator
+		want   string
+	}{
+		{handler(func(h *Handler) { h.OnInitTimeout = "later" }), "on_init_timeout"},
+		{handler(func(h *Handler) { h.MaxQueue = -1 }), "max_queue"},
+		{handler(func(h *Handler) { h.GetStream = "open" }), "get_stream"},
+		{handler(func(h *Handler) { h.Order = "global" }), "order"},
+		{handler(func(h *Handler) { h.Order = orderCluster }), "order cluster needs shared state"},
+		{handler(func(h *Handler) { h.Order, h.engine = orderCluster, &StorageState{} }), "the storage state engine cannot order"},
+		{&RedisState{Sentinel: []string{"a:1"}, Address: []string{"b:1"}, MasterName: "m"}, "sentinel and address"},
+		{&RedisState{Sentinel: []string{"a:1"}}, "master_name"},
+		{&RedisState{Cluster: true}, "cluster needs address"},
+		{&RedisState{Address: []string{"a:1"}, TLSCertFile: "c.pem"}, "tls_key_file"},
+		{&RedisState{Address: []string{"a:1", "b:1"}, DB: 2}, "db"},
+		{&RedisState{Address: []string{"a:1"}, Timeout: -1}, "timeout"},
+		{&StorageState{SweepInterval: -1}, "sweep_interval"},
+	} {
+		err := tc.module.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%T %+v: Validate() = %v, want an error naming %q", tc.module, tc.module, err, tc.want)
+		}
+	}
+	if err := handler(func(*Handler) {}).Validate(); err != nil {
+		t.Errorf("the defaults: Validate() = %v", err)
 	}
 }

@@ -88,6 +88,7 @@ type Handler struct {
 	Key string `json:"key,omitempty"`
 
 	budget        *bodyBudget // max_buffered and what is held of it
+	engine        StateEngine // nil without state
 	onInitTimeout serializer.TimeoutAction
 	table         *serializer.Table
 	poolKey       string
@@ -109,23 +110,16 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision applies defaults, validates the settings and attaches the
-// handler to its session table, creating it if no loaded config has it.
-// A table already in use keeps its settings until this config serves a
-// request (applySettings): Caddy provisions a config before it decides to
-// run it, and a config it refuses must change nothing that runs.
+// Provision fills in defaults, loads the state engine, checks the
+// settings (Validate) and attaches the handler to its session table,
+// creating it if no loaded config has it. A table already in use keeps
+// its settings until this config serves a request (applySettings): Caddy
+// provisions a config before it decides to run it, and a config it
+// refuses must change nothing that runs.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	cfg, err := h.config()
-	if err != nil {
-		return err
-	}
-	if err := h.claimTable(ctx, cfg); err != nil {
-		return err
-	}
-	h.onInitTimeout = cfg.OnInitTimeout
-	registerMetrics(ctx.GetMetricsRegistry())
-	cfg.Events = newEvents(h.logger)
+	h.fillDefaults()
+	rawState := h.StateRaw // LoadModule clears it
 	if h.StateRaw != nil {
 		mod, err := ctx.LoadModule(h, "StateRaw")
 		if err != nil {
@@ -135,37 +129,36 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if !ok {
 			return fmt.Errorf("state: %T %w", mod, errNotStateEngine)
 		}
-		shared := newSharedState(engine, cfg.SessionTTL, h.logger)
-		cfg.Store = shared
-		cfg.StoreTimeout = engine.CallTimeout()
-		turns, canOrder := engine.(TurnEngine)
-		if h.Order == "" {
-			// Safe behind any front, and free behind one that keeps a
-			// session on one instance: the turn stays where its requests go.
-			h.Order = orderLocal
-			if canOrder {
-				h.Order = orderCluster
-			}
-		}
-		if h.Order == orderCluster {
-			if !canOrder {
-				return fmt.Errorf("order cluster: the %s state engine cannot order requests across instances; "+
-					"use state redis, or a front that sends each session to one instance (a hash of Mcp-Session-Id) with order local",
-					mod.(caddy.Module).CaddyModule().ID.Name())
-			}
-			if cfg.StoreTimeout > serializer.MaxTurnStoreTimeout {
-				return fmt.Errorf("state: timeout must be at most %s with order cluster (the default with state redis), got %s: "+
-					"the instance holding a session's turn must be able to renew its %s lease twice before it stops the exchange",
-					serializer.MaxTurnStoreTimeout, cfg.StoreTimeout, serializer.TurnLease)
-			}
-			cluster := newClusterState(shared, turns)
-			cfg.Store, cfg.Turns = cluster, cluster
-		}
-	} else if h.Order == orderCluster {
-		return fmt.Errorf("order cluster needs shared state (state redis): the instances keep each session's turn there")
+		h.engine = engine
 	}
 	if h.Order == "" {
+		// Safe behind any front, and free behind one that keeps a session
+		// on one instance: the turn stays where its requests go.
 		h.Order = orderLocal
+		if _, ok := h.engine.(TurnEngine); ok {
+			h.Order = orderCluster
+		}
+	}
+	// Checked before the handler touches a shared table, so that a refused
+	// config creates or changes none; Caddy runs Validate again after.
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	cfg, _ := h.tableConfig()
+	if err := h.claimTable(ctx, cfg, rawState); err != nil {
+		return err
+	}
+	h.onInitTimeout = cfg.OnInitTimeout
+	h.budget = &bodyBudget{limit: h.MaxBuffered}
+	registerMetrics(ctx.GetMetricsRegistry())
+	cfg.Events = newEvents(h.logger)
+	if h.engine != nil {
+		shared := newSharedState(h.engine, cfg.SessionTTL, h.logger)
+		cfg.Store, cfg.StoreTimeout = shared, h.engine.CallTimeout()
+		if h.Order == orderCluster {
+			cluster := newClusterState(shared, h.engine.(TurnEngine))
+			cfg.Store, cfg.Turns = cluster, cluster
+		}
 	}
 
 	h.settings, h.generation = cfg, provisions.Add(1)
@@ -247,8 +240,21 @@ func (h *Handler) applySettings() {
 	}
 }
 
-// config fills in defaults and checks every setting, naming it on error.
-func (h *Handler) config() (serializer.Config, error) {
+// fillDefaults sets the handler's own settings left out.
+func (h *Handler) fillDefaults() {
+	if h.MaxBody == 0 {
+		h.MaxBody = defaultMaxBody
+	}
+	if h.MaxBuffered == 0 {
+		h.MaxBuffered = max(defaultMaxBuffered, h.MaxBody+1)
+	}
+	if h.GetStream == "" {
+		h.GetStream = getStreamReject
+	}
+}
+
+// tableConfig is the session table's settings, defaults filled in.
+func (h *Handler) tableConfig() (serializer.Config, error) {
 	cfg := serializer.Defaults()
 	if h.InitTimeout != 0 {
 		cfg.InitTimeout = time.Duration(h.InitTimeout)
@@ -272,41 +278,62 @@ func (h *Handler) config() (serializer.Config, error) {
 	if h.SessionTTL != 0 {
 		cfg.SessionTTL = time.Duration(h.SessionTTL)
 	}
-	if err := cfg.Validate(); err != nil {
-		return cfg, err
-	}
-	switch {
-	case h.MaxBody == 0:
-		h.MaxBody = defaultMaxBody
-	case h.MaxBody < 0:
-		return cfg, fmt.Errorf("max_body must be positive, got %d", h.MaxBody)
-	}
-	switch {
-	case h.MaxBuffered == 0:
-		h.MaxBuffered = max(defaultMaxBuffered, h.MaxBody+1)
-	case h.MaxBuffered <= h.MaxBody:
-		return cfg, fmt.Errorf("max_buffered must be more than max_body (%d bytes), got %d: a body of unknown length counts for max_body+1 bytes",
-			h.MaxBody, h.MaxBuffered)
-	}
-	h.budget = &bodyBudget{limit: h.MaxBuffered}
-	switch h.Order {
-	case "", orderLocal, orderCluster: // "": set once the state engine is known
-	default:
-		return cfg, fmt.Errorf("order: unknown value %q (want local or cluster)", h.Order)
-	}
-	switch h.GetStream {
-	case "":
-		h.GetStream = getStreamReject
-	case getStreamForward, getStreamReject:
-	default:
-		return cfg, fmt.Errorf("get_stream: unknown mode %q (want forward or reject)", h.GetStream)
-	}
 	return cfg, nil
 }
 
-// Validate is a no-op: Provision checks the settings, since it must fill
-// in defaults first.
-func (h *Handler) Validate() error { return nil }
+// Validate checks every setting, naming it on error. Provision runs it
+// once the defaults and the state engine are in.
+func (h *Handler) Validate() error {
+	cfg, err := h.tableConfig()
+	if err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case h.MaxBody < 0:
+		return fmt.Errorf("max_body must be positive, got %d", h.MaxBody)
+	case h.MaxBuffered <= h.MaxBody:
+		return fmt.Errorf("max_buffered must be more than max_body (%d bytes), got %d: a body of unknown length counts for max_body+1 bytes",
+			h.MaxBody, h.MaxBuffered)
+	}
+	switch h.GetStream {
+	case getStreamForward, getStreamReject:
+	default:
+		return fmt.Errorf("get_stream: unknown mode %q (want forward or reject)", h.GetStream)
+	}
+	switch h.Order {
+	case orderLocal:
+	case orderCluster:
+		return h.validateClusterOrder()
+	default:
+		return fmt.Errorf("order: unknown value %q (want local or cluster)", h.Order)
+	}
+	return nil
+}
+
+// validateClusterOrder checks that the state engine can keep a session's
+// turn across instances, and answers in time to renew it.
+func (h *Handler) validateClusterOrder() error {
+	if h.engine == nil {
+		return fmt.Errorf("order cluster needs shared state (state redis): the instances keep each session's turn there")
+	}
+	if _, ok := h.engine.(TurnEngine); !ok {
+		name := "this"
+		if m, ok := h.engine.(caddy.Module); ok {
+			name = m.CaddyModule().ID.Name()
+		}
+		return fmt.Errorf("order cluster: the %s state engine cannot order requests across instances; "+
+			"use state redis, or a front that sends each session to one instance (a hash of Mcp-Session-Id) with order local", name)
+	}
+	if timeout := h.engine.CallTimeout(); timeout > serializer.MaxTurnStoreTimeout {
+		return fmt.Errorf("state: timeout must be at most %s with order cluster (the default with state redis), got %s: "+
+			"the instance holding a session's turn must be able to renew its %s lease twice before it stops the exchange",
+			serializer.MaxTurnStoreTimeout, timeout, serializer.TurnLease)
+	}
+	return nil
+}
 
 // Cleanup releases this config's hold on the session table; the table
 // stops when no config uses it.

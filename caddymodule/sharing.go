@@ -42,11 +42,12 @@ type setting struct{ name, value string }
 // first handler provisioned; the others are compared with it.
 var claims sync.Map // tableUse -> *tableClaim
 
-// claimTable records this handler's table settings for its config, or
-// reports how they differ from those of a handler provisioned before it.
-func (h *Handler) claimTable(ctx caddy.Context, cfg serializer.Config) error {
+// claimTable records this handler's table settings for its config (state
+// as configured), or reports how they differ from those of a handler
+// provisioned before it.
+func (h *Handler) claimTable(ctx caddy.Context, cfg serializer.Config, state json.RawMessage) error {
 	use := tableUse{config: ctx.GetMetricsRegistry(), name: h.Name}
-	mine := &tableClaim{settings: append(tableSettings(cfg), setting{"order", h.Order}), state: h.StateRaw}
+	mine := &tableClaim{settings: append(tableSettings(cfg), setting{"order", h.Order}), state: state}
 	v, loaded := claims.LoadOrStore(use, mine)
 	if !loaded {
 		h.claim, h.claimed = use, mine
@@ -78,7 +79,7 @@ func (h *Handler) releaseClaim() {
 }
 
 // tableSettings lists a table's settings in config syntax, in the order
-// the README gives them.
+// the README's settings table gives them.
 func tableSettings(c serializer.Config) []setting {
 	return []setting{
 		{"init_timeout", c.InitTimeout.String()},

@@ -117,21 +117,29 @@ type pooledRedis struct{ redis.UniversalClient }
 
 func (c pooledRedis) Destruct() error { return c.Close() }
 
-// Provision resolves placeholders, applies defaults, checks every setting
-// and attaches to the shared client for these connection settings. It does
-// not connect: an engine that is down at start degrades the handler, it
-// does not stop Caddy.
+// Provision applies defaults, checks the settings (Validate), resolves
+// placeholders and attaches to the shared client for these connection
+// settings. It does not connect: an engine that is down at start degrades
+// the handler, it does not stop Caddy.
 func (r *RedisState) Provision(ctx caddy.Context) error {
 	r.logger, r.announcements = ctx.Logger(), new(announcements)
-	if err := r.checkCombinations(); err != nil {
+	if len(r.Address) == 0 && len(r.Sentinel) == 0 && !r.Cluster {
+		r.Address = []string{defaultRedisAddress}
+	}
+	if r.Timeout == 0 {
+		r.Timeout = caddy.Duration(defaultRedisTimeout)
+	}
+	if r.KeyPrefix == "" {
+		r.KeyPrefix = defaultRedisKeyPrefix
+	}
+	// Checked before the client is shared, so that a refused config opens
+	// none; Caddy runs Validate again after.
+	if err := r.Validate(); err != nil {
 		return err
 	}
 	repl := caddy.NewReplacer()
-	if len(r.Address) == 0 && len(r.Sentinel) == 0 {
-		r.Address = []string{defaultRedisAddress}
-	}
 	conn := redisConn{
-		Cluster:          r.Cluster || len(r.Address) > 1,
+		Cluster:          r.clusterClient(),
 		MasterName:       repl.ReplaceKnown(r.MasterName, ""),
 		Username:         repl.ReplaceKnown(r.Username, ""),
 		Password:         repl.ReplaceKnown(r.Password, ""),
@@ -157,19 +165,6 @@ func (r *RedisState) Provision(ctx caddy.Context) error {
 			conn.Addrs = append(conn.Addrs, addr)
 		}
 	}
-	switch {
-	case r.DB < 0:
-		return fmt.Errorf("db must be 0 or more, got %d", r.DB)
-	case r.DB != 0 && conn.Cluster:
-		return fmt.Errorf("db: a Redis Cluster (cluster, or several addresses) has only db 0, got %d", r.DB)
-	case r.Timeout < 0:
-		return fmt.Errorf("timeout must be positive, got %s", time.Duration(r.Timeout))
-	case r.Timeout == 0:
-		r.Timeout = caddy.Duration(defaultRedisTimeout)
-	}
-	if r.KeyPrefix == "" {
-		r.KeyPrefix = defaultRedisKeyPrefix
-	}
 	opts, err := conn.options()
 	if err != nil {
 		return err
@@ -189,9 +184,13 @@ func (r *RedisState) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// checkCombinations refuses settings that cannot go together, naming
-// them: one way to find the server, and a client certificate with its key.
-func (r *RedisState) checkCombinations() error {
+// clusterClient tells whether the settings name a Redis Cluster.
+func (r *RedisState) clusterClient() bool { return r.Cluster || len(r.Address) > 1 }
+
+// Validate refuses settings out of range or that cannot go together,
+// naming them: one way to find the server, and a client certificate with
+// its key.
+func (r *RedisState) Validate() error {
 	switch {
 	case len(r.Sentinel) > 0 && len(r.Address) > 0:
 		return errors.New("sentinel and address together: with sentinel, give the sentinels' addresses only (the master is found through them)")
@@ -209,6 +208,12 @@ func (r *RedisState) checkCombinations() error {
 		return errors.New("tls_cert_file needs tls_key_file, the certificate's private key")
 	case r.TLSKeyFile != "" && r.TLSCertFile == "":
 		return errors.New("tls_key_file needs tls_cert_file, the certificate it is the key of")
+	case r.DB < 0:
+		return fmt.Errorf("db must be 0 or more, got %d", r.DB)
+	case r.DB != 0 && r.clusterClient():
+		return fmt.Errorf("db: a Redis Cluster (cluster, or several addresses) has only db 0, got %d", r.DB)
+	case r.Timeout < 0:
+		return fmt.Errorf("timeout must be positive, got %s", time.Duration(r.Timeout))
 	}
 	return nil
 }
@@ -484,6 +489,7 @@ func parseOnOff(s string) (bool, error) {
 var (
 	_ StateEngine           = (*RedisState)(nil)
 	_ caddy.Provisioner     = (*RedisState)(nil)
+	_ caddy.Validator       = (*RedisState)(nil)
 	_ caddy.CleanerUpper    = (*RedisState)(nil)
 	_ caddyfile.Unmarshaler = (*RedisState)(nil)
 	_ caddy.Destructor      = pooledRedis{}

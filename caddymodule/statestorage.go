@@ -78,25 +78,34 @@ func (StorageState) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision checks the settings, takes the config's storage and starts
-// the sweeper.
+// Provision applies defaults, checks the settings (Validate), takes the
+// config's storage and starts the sweeper.
 func (s *StorageState) Provision(ctx caddy.Context) error {
-	switch {
-	case s.Timeout < 0:
-		return fmt.Errorf("timeout must be positive, got %s", time.Duration(s.Timeout))
-	case s.Timeout == 0:
+	if s.Timeout == 0 {
 		s.Timeout = caddy.Duration(defaultStorageTimeout)
 	}
-	switch {
-	case s.SweepInterval < 0:
-		return fmt.Errorf("sweep_interval must be positive, got %s", time.Duration(s.SweepInterval))
-	case s.SweepInterval == 0:
+	if s.SweepInterval == 0 {
 		s.SweepInterval = caddy.Duration(defaultStorageSweepInterval)
+	}
+	// Checked before the sweeper starts; Caddy runs Validate again after.
+	if err := s.Validate(); err != nil {
+		return err
 	}
 	if ctx.Storage() == nil {
 		return errors.New("no storage configured")
 	}
 	s.start(ctx.Storage(), ctx.Logger())
+	return nil
+}
+
+// Validate refuses settings out of range, naming them.
+func (s *StorageState) Validate() error {
+	switch {
+	case s.Timeout < 0:
+		return fmt.Errorf("timeout must be positive, got %s", time.Duration(s.Timeout))
+	case s.SweepInterval < 0:
+		return fmt.Errorf("sweep_interval must be positive, got %s", time.Duration(s.SweepInterval))
+	}
 	return nil
 }
 
@@ -433,6 +442,7 @@ func (s *StorageState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 var (
 	_ StateEngine           = (*StorageState)(nil)
 	_ caddy.Provisioner     = (*StorageState)(nil)
+	_ caddy.Validator       = (*StorageState)(nil)
 	_ caddy.CleanerUpper    = (*StorageState)(nil)
 	_ caddyfile.Unmarshaler = (*StorageState)(nil)
 )
