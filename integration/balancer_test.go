@@ -104,7 +104,7 @@ func renderNginxExample(t testing.TB, addr string, dials []string, hash bool) st
 	if !hash {
 		edits = append(edits, [2]string{nginxExampleHash, ""})
 	}
-	return renderClusterExample(t, "nginx.conf", edits)
+	return renderExample(t, "cluster", "nginx.conf", edits)
 }
 
 // renderHAProxyExample is examples/cluster/haproxy.cfg bound to addr in
@@ -119,21 +119,21 @@ func renderHAProxyExample(t testing.TB, addr string, dials []string, hash bool) 
 	if !hash {
 		edits = append(edits, [2]string{haproxyExampleHash, "\tbalance roundrobin\n"})
 	}
-	return renderClusterExample(t, "haproxy.cfg", edits)
+	return renderExample(t, "cluster", "haproxy.cfg", edits)
 }
 
-// renderClusterExample reads examples/cluster/<name> and makes each edit
-// (old, new) once, failing when the file no longer holds an old text.
-func renderClusterExample(t testing.TB, name string, edits [][2]string) string {
+// renderExample reads examples/<example>/<name> and makes each edit (old,
+// new) once, failing when the file no longer holds an old text.
+func renderExample(t testing.TB, example, name string, edits [][2]string) string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(repoRoot(t), "examples", "cluster", name))
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "examples", example, name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := string(data)
 	for _, e := range edits {
 		if strings.Count(text, e[0]) != 1 {
-			t.Fatalf("examples/cluster/%s no longer holds %q once; update this test", name, e[0])
+			t.Fatalf("examples/%s/%s no longer holds %q once; update this test", example, name, e[0])
 		}
 		text = strings.Replace(text, e[0], e[1], 1)
 	}

@@ -25,7 +25,7 @@ import (
 // handler where it belongs: before php_fastcgi / reverse_proxy.
 func TestExampleCaddyfilesAdapt(t *testing.T) {
 	root := repoRoot(t)
-	for _, example := range []string{"laravel", "reverse-proxy"} {
+	for _, example := range []string{"laravel", "laravel-nginx", "reverse-proxy"} {
 		t.Run(example, func(t *testing.T) {
 			path := filepath.Join(root, "examples", example, "Caddyfile")
 			out := caddyAdapt(t, path)
@@ -194,7 +194,7 @@ func TestClusterExampleNginxAndHAProxyConfigsCheck(t *testing.T) {
 	t.Run("nginx", func(t *testing.T) {
 		nginx := sbinTool(t, "nginx")
 		conf := filepath.Join(dir, "nginx.conf")
-		text := renderClusterExample(t, "nginx.conf", nil)
+		text := renderExample(t, "cluster", "nginx.conf", nil)
 		for _, want := range []string{nginxExampleHash, "proxy_http_version 1.1;", `proxy_set_header Connection "";`, "proxy_buffering off;", "proxy_read_timeout 1h;"} {
 			if !strings.Contains(text, want) {
 				t.Errorf("nginx.conf lacks %q", want)
@@ -214,7 +214,7 @@ func TestClusterExampleNginxAndHAProxyConfigsCheck(t *testing.T) {
 	t.Run("haproxy", func(t *testing.T) {
 		haproxy := sbinTool(t, "haproxy")
 		conf := filepath.Join(dir, "haproxy.cfg")
-		text := renderClusterExample(t, "haproxy.cfg", nil)
+		text := renderExample(t, "cluster", "haproxy.cfg", nil)
 		for _, want := range []string{haproxyExampleHash, "\thash-type consistent\n", "timeout server 1h"} {
 			if !strings.Contains(text, want) {
 				t.Errorf("haproxy.cfg lacks %q", want)
@@ -342,12 +342,19 @@ func TestLaravelExampleWithPHPFPM(t *testing.T) {
 // harness's global options.
 func exampleCaddyfile(t testing.TB, name string, replacements map[string]string) string {
 	t.Helper()
+	replacements["{$SITE_ADDRESS:mcp.example.com}"] = "http://127.0.0.1:{$MCP_TEST_PORT}"
+	return exampleCaddyfileAsIs(t, name, replacements)
+}
+
+// exampleCaddyfileAsIs is exampleCaddyfile for a Caddyfile whose site
+// address the replacements point at startCaddy's port themselves.
+func exampleCaddyfileAsIs(t testing.TB, name string, replacements map[string]string) string {
+	t.Helper()
 	example, err := os.ReadFile(filepath.Join(repoRoot(t), "examples", name, "Caddyfile"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	caddyfile := string(example)
-	replacements["{$SITE_ADDRESS:mcp.example.com}"] = "http://127.0.0.1:{$MCP_TEST_PORT}"
 	for placeholder, value := range replacements {
 		if !strings.Contains(caddyfile, placeholder) {
 			t.Fatalf("examples/%s/Caddyfile no longer contains %s; update this test", name, placeholder)
