@@ -47,28 +47,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // engines' settings are in RedisState.UnmarshalCaddyfile and
 // StorageState.UnmarshalCaddyfile.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // directive name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	seen := settingsSeen{}
-	for d.NextBlock(0) {
-		setting := d.Val()
-		if err := seen.once(d, setting); err != nil {
-			return err
-		}
-		if !d.NextArg() {
-			return d.ArgErr()
-		}
-		if setting == "state" {
-			if err := h.unmarshalState(d); err != nil {
-				return err
-			}
-			continue
-		}
-		val := d.Val()
-		var err error
+	return eachSetting(d, func(setting, val string) (err error) {
 		switch setting {
+		case "state":
+			return h.unmarshalState(d)
 		case "name":
 			h.Name = val
 		case "init_timeout":
@@ -84,13 +66,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "session_ttl":
 			h.SessionTTL, err = parseDuration(val)
 		case "max_body":
-			var size uint64
-			size, err = humanize.ParseBytes(val)
-			h.MaxBody = int64(size)
+			h.MaxBody, err = parseSize(val)
 		case "max_buffered":
-			var size uint64
-			size, err = humanize.ParseBytes(val)
-			h.MaxBuffered = int64(size)
+			h.MaxBuffered, err = parseSize(val)
 		case "get_stream":
 			h.GetStream = val
 		case "order":
@@ -100,7 +78,28 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized mcp_serializer setting %q", setting)
 		}
-		if err := endSetting(d, setting, err); err != nil {
+		return endSetting(d, setting, err)
+	})
+}
+
+// eachSetting reads a block of one-value settings (the handler's, or the
+// storage engine's), with no argument on the block's own line, and hands
+// each setting and its value to set; a setting given twice is refused.
+func eachSetting(d *caddyfile.Dispenser, set func(setting, val string) error) error {
+	d.Next() // the directive's or engine's name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := settingsSeen{}
+	for d.NextBlock(0) {
+		setting := d.Val()
+		if err := seen.once(d, setting); err != nil {
+			return err
+		}
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		if err := set(setting, d.Val()); err != nil {
 			return err
 		}
 	}
@@ -141,6 +140,11 @@ func (h *Handler) unmarshalState(d *caddyfile.Dispenser) error {
 	}
 	h.StateRaw = caddyconfig.JSONModuleObject(unm, "module", name, nil)
 	return nil
+}
+
+func parseSize(s string) (int64, error) {
+	size, err := humanize.ParseBytes(s)
+	return int64(size), err
 }
 
 func parseDuration(s string) (caddy.Duration, error) {

@@ -432,30 +432,12 @@ func (r *RedisState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			val := d.Val()
-			switch setting {
-			case "username":
-				r.Username = val
-			case "password":
-				r.Password = val
-			case "db":
+			switch text, ok := r.textSettings()[setting]; {
+			case ok:
+				*text = val
+			case setting == "db":
 				r.DB, err = strconv.Atoi(val)
-			case "tls_server_name":
-				r.TLSServerName = val
-			case "tls_ca_file":
-				r.TLSCAFile = val
-			case "tls_cert_file":
-				r.TLSCertFile = val
-			case "tls_key_file":
-				r.TLSKeyFile = val
-			case "master_name":
-				r.MasterName = val
-			case "sentinel_username":
-				r.SentinelUsername = val
-			case "sentinel_password":
-				r.SentinelPassword = val
-			case "key_prefix":
-				r.KeyPrefix = val
-			case "timeout":
+			case setting == "timeout":
 				r.Timeout, err = parseDuration(val)
 			default:
 				return d.Errf("unrecognized redis state setting %q", setting)
@@ -473,6 +455,16 @@ func (r *RedisState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	return nil
+}
+
+// textSettings are the settings whose value is kept as written.
+func (r *RedisState) textSettings() map[string]*string {
+	return map[string]*string{
+		"username": &r.Username, "password": &r.Password, "master_name": &r.MasterName,
+		"sentinel_username": &r.SentinelUsername, "sentinel_password": &r.SentinelPassword,
+		"tls_server_name": &r.TLSServerName, "tls_ca_file": &r.TLSCAFile,
+		"tls_cert_file": &r.TLSCertFile, "tls_key_file": &r.TLSKeyFile, "key_prefix": &r.KeyPrefix,
+	}
 }
 
 func parseOnOff(s string) (bool, error) {

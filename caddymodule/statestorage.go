@@ -409,33 +409,17 @@ func latest(a, b time.Time) time.Time {
 // Every setting is optional; defaults are applied in Provision. The
 // storage itself is Caddy's, set by the `storage` global option.
 func (s *StorageState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // engine name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	seen := settingsSeen{}
-	for d.NextBlock(0) {
-		setting := d.Val()
-		if err := seen.once(d, setting); err != nil {
-			return err
-		}
-		if !d.NextArg() {
-			return d.ArgErr()
-		}
-		var err error
+	return eachSetting(d, func(setting, val string) (err error) {
 		switch setting {
 		case "timeout":
-			s.Timeout, err = parseDuration(d.Val())
+			s.Timeout, err = parseDuration(val)
 		case "sweep_interval":
-			s.SweepInterval, err = parseDuration(d.Val())
+			s.SweepInterval, err = parseDuration(val)
 		default:
 			return d.Errf("unrecognized storage state setting %q", setting)
 		}
-		if err := endSetting(d, setting, err); err != nil {
-			return err
-		}
-	}
-	return nil
+		return endSetting(d, setting, err)
+	})
 }
 
 // Interface guards

@@ -2,12 +2,9 @@ package integration
 
 import (
 	"bufio"
-	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -50,28 +47,7 @@ func v2Script(t testing.TB, name string) (node, script string) {
 func runV2Client(t testing.TB, timeout time.Duration, result any, args ...string) {
 	t.Helper()
 	node, script := v2Script(t, "v2client.mjs")
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, append([]string{script}, args...)...)
-	cmd.Dir = filepath.Dir(script)
-	cmd.WaitDelay = 5 * time.Second
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = &stderr
-	start := time.Now()
-	runErr := cmd.Run()
-	t.Logf("v2client %s (%v):\n%s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond), tail(stderr.String(), 4000))
-	if ctx.Err() != nil {
-		t.Fatalf("v2client timed out after %v", timeout)
-	}
-	var exitErr *exec.ExitError
-	if runErr != nil && !errors.As(runErr, &exitErr) {
-		t.Fatalf("v2client: %v", runErr)
-	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), result); err != nil {
-		t.Fatalf("v2client result line %q: %v (exit: %v)", tail(lines[len(lines)-1], 2000), err, runErr)
-	}
+	runNodeScript(t, "v2client", node, script, 4000, timeout, result, args...)
 }
 
 // v2Connects is v2client.mjs's connects mode's final line.

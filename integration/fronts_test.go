@@ -154,22 +154,23 @@ func (c *cluster) waitsOver(t testing.TB, le string) float64 {
 	return count - within
 }
 
-// wantStreamedProgress runs the SDK's flow through the front: slow_count's
-// progress events must reach the client as the instance writes them, well
-// ahead of the result, not held back until the reply ends.
+// wantStreamedProgress runs the SDK's flow at url (a front, nginx, or Caddy
+// itself): slow_count's progress events must reach the client as PHP writes
+// them, well ahead of the result, not held back until the reply ends, and
+// the GET stream is answered 405 (get_stream reject).
 func wantStreamedProgress(t *testing.T, url string) {
 	t.Helper()
 	var flow flowResult
 	runClient(t, 2*time.Minute, &flow, "flow", "--url", url, "--expect-get")
 	if !flow.OK {
-		t.Fatalf("flow through the front failed: %s (transport errors %v)", flow.Error, flow.TransportErrors)
+		t.Fatalf("flow at %s failed: %s (transport errors %v)", url, flow.Error, flow.TransportErrors)
 	}
 	checkFlowBasics(t, flow)
 	if len(flow.Progress) == 0 || flow.ResultAt-flow.Progress[0].At < 300 {
-		t.Errorf("progress not streamed ahead of the result through the front: %s, result at %.1f ms", jsonString(flow.Progress), flow.ResultAt)
+		t.Errorf("progress at %s not streamed ahead of the result: %s, result at %.1f ms", url, jsonString(flow.Progress), flow.ResultAt)
 	}
 	if len(flow.GetStatuses) != 1 || string(flow.GetStatuses[0]) != "405" {
-		t.Errorf("GET stream statuses: got %s, want [405] (the instances' get_stream reject)", jsonString(flow.GetStatuses))
+		t.Errorf("GET stream statuses: got %s, want [405] (get_stream reject)", jsonString(flow.GetStatuses))
 	}
 }
 

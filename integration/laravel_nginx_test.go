@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // Laravel as most servers run it (Forge, Ploi, plain Debian): nginx
@@ -48,17 +47,10 @@ func TestLaravelBehindNginxSendsOnlyTheMCPRouteThroughTheModule(t *testing.T) {
 		startNginx(t, conf, addr)
 		return "http://" + addr + "/mcp"
 	}
-	pipeline := func(label, url string) pipelineResult {
-		t.Helper()
-		var res pipelineResult
-		// --get skip: straight to PHP-FPM, the SDK's GET stream would pin
-		// a worker per session for its whole life (through the module it
-		// is answered 405; the flow below checks that through nginx).
-		runClient(t, 3*time.Minute, &res, "pipeline", "--url", url, "--n", strconv.Itoa(n), "--concurrency", "8", "--get", "skip")
-		t.Logf("%s: %d pipelined connects: %s", label, n, res.summary())
-		logSamples(t, res.Samples)
-		return res
-	}
+	// --get skip: straight to PHP-FPM, the SDK's GET stream would pin a
+	// worker per session for its whole life (through the module it is
+	// answered 405, which wantStreamedProgress checks through nginx).
+	pipeline := func(label, url string) pipelineResult { return runConnects(t, label, url, n, "skip") }
 
 	before := readModuleCounts(t, local.Admin)
 	straight := pipeline("nginx straight to PHP-FPM", nginx(false))
@@ -71,22 +63,12 @@ func TestLaravelBehindNginxSendsOnlyTheMCPRouteThroughTheModule(t *testing.T) {
 
 	url := nginx(true)
 	through := pipeline("nginx, /mcp through mcp_serializer", url)
-	if through.Connects != n || through.Failures != 0 || !through.OK {
-		t.Errorf("through the recipe: want %d connects and no failure, got %s", n, through.summary())
-	}
+	wantEveryConnect(t, through, n)
 	if d := readModuleCounts(t, local.Admin).minus(before); d.Waits < float64(n) {
 		t.Errorf("through the recipe, the module saw %v turns for %d connects: nginx did not send /mcp to it", d.Waits, n)
 	}
 
-	var flow flowResult
-	runClient(t, 2*time.Minute, &flow, "flow", "--url", url, "--expect-get")
-	if !flow.OK {
-		t.Fatalf("flow through nginx failed: %s (transport errors %v)", flow.Error, flow.TransportErrors)
-	}
-	checkFlowBasics(t, flow)
-	if len(flow.Progress) == 0 || flow.ResultAt-flow.Progress[0].At < 300 {
-		t.Errorf("progress not streamed through nginx ahead of the result: %s, result at %.1f ms", jsonString(flow.Progress), flow.ResultAt)
-	}
+	wantStreamedProgress(t, url)
 }
 
 // The recipe's nginx.conf passes nginx's own check as written, and keeps

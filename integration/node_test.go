@@ -49,6 +49,13 @@ func clientScript(t testing.TB) (node, script string) {
 func runClient(t testing.TB, timeout time.Duration, result any, args ...string) {
 	t.Helper()
 	node, script := clientScript(t)
+	runNodeScript(t, "client", node, script, 8000, timeout, result, args...)
+}
+
+// runNodeScript runs a client script as runClient describes, naming it
+// label in the test log, which keeps the last logTail bytes of its stderr.
+func runNodeScript(t testing.TB, label, node, script string, logTail int, timeout time.Duration, result any, args ...string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, append([]string{script}, args...)...)
@@ -59,18 +66,18 @@ func runClient(t testing.TB, timeout time.Duration, result any, args ...string) 
 	cmd.Stderr = &stderr
 	start := time.Now()
 	runErr := cmd.Run()
-	t.Logf("client %s (%v):\n%s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond), tail(stderr.String(), 8000))
+	t.Logf("%s %s (%v):\n%s", label, strings.Join(args, " "), time.Since(start).Round(time.Millisecond), tail(stderr.String(), logTail))
 	if ctx.Err() != nil {
-		t.Fatalf("client timed out after %v", timeout)
+		t.Fatalf("%s timed out after %v", label, timeout)
 	}
 	var exitErr *exec.ExitError
 	if runErr != nil && !errors.As(runErr, &exitErr) {
-		t.Fatalf("client: %v", runErr)
+		t.Fatalf("%s: %v", label, runErr)
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	last := lines[len(lines)-1]
 	if err := json.Unmarshal([]byte(last), result); err != nil {
-		t.Fatalf("client result line %q: %v (exit: %v)", tail(last, 2000), err, runErr)
+		t.Fatalf("%s result line %q: %v (exit: %v)", label, tail(last, 2000), err, runErr)
 	}
 }
 
