@@ -205,8 +205,8 @@ func resetTimer(t *time.Timer, d time.Duration) {
 	t.Reset(d)
 }
 
-// sendBatches sends the queued writes, all that are queued at a time,
-// until none has come for senderLinger.
+// sendBatches sends whatever is queued as one batch, again and again,
+// and ends once nothing has come for senderLinger.
 func (s *sharedState) sendBatches() {
 	q := &s.writes
 	var batch, send []*stateWrite

@@ -10,9 +10,8 @@ import (
 // before acting at init_timeout, and the refresh of live records. None of
 // it runs for a table without a Store.
 
-// storeOp is a write to the Store queued by a session. The order of the
-// values matters: each does to a record all that the ones before it do
-// (see strongestWrite).
+// storeOp is a write to the Store queued by a session, in the order a
+// session makes them: each includes the ones before it (strongestWrite).
 type storeOp uint8
 
 const (

@@ -1,10 +1,8 @@
 package serializer
 
-// strongestWrite is the one write that does to a record all that the
-// queued writes ops would do, in their order: the latest of them in
-// storeOp's order. Opened clears the in-flight mark as InitializeEnded
-// does, and writes never recreate a forgotten record, so a Forget leaves
-// nothing for the others to do, before or after it.
+// strongestWrite picks, of a session's queued writes, the one to send in
+// their place: each write in storeOp's order includes the ones before it
+// (Opened also ends the initialize, and Forget ends the record).
 func strongestWrite(ops []storeOp) storeOp {
 	strongest := ops[0]
 	for _, op := range ops[1:] {
@@ -13,16 +11,10 @@ func strongestWrite(ops []storeOp) storeOp {
 	return strongest
 }
 
-// WriteQueue is a Store that takes a session's later writes without
-// blocking: it queues them and sends them within its own bounds. A table
-// hands InitializeEnded, Opened and Forget to it as they happen, under the
-// session's lock, instead of sending them one at a time from a goroutine
-// per session. A session's writes may then land in any order among
-// themselves, never before its Created returned, which the Store's rules
-// make harmless: no write turns an open record back into an initializing
-// one or recreates a missing one, so Opened and Forget end where they
-// would have in order. The store must keep that true for writes that
-// overlap (the redis engine's are atomic scripts), and, as a Watcher,
+// WriteQueue is a Store that batches a session's later writes itself, so
+// the table needs no goroutine per session to send them. The writes may
+// land out of order; that is safe because no write reopens a closed gate
+// or brings back a forgotten record. A store that also watches must
 // announce an Opened once it is written.
 type WriteQueue interface {
 	// QueueInitializeEnded, QueueOpened and QueueForget hand the write
