@@ -72,8 +72,8 @@ func TestWritesQueuedWhileOneIsSentGoAsOne(t *testing.T) {
 // (WriteQueue): it logs them, or, with refuse set, declines them.
 type queueingStore struct {
 	*fakeStore
-	refuse bool // decline every write
-	fail   bool // take every write, then report it failed
+	refuse bool   // decline every write
+	fail   string // take every write, then report those of this op failed
 	qmu    sync.Mutex
 	queued []string // "op id"
 }
@@ -85,7 +85,7 @@ func (q *queueingStore) take(op, id string, failed func()) bool {
 	q.qmu.Lock()
 	defer q.qmu.Unlock()
 	q.queued = append(q.queued, op+" "+id)
-	if q.fail {
+	if op == q.fail {
 		go failed()
 	}
 	return true
@@ -157,7 +157,9 @@ func TestWritesAStoreDeclinesToQueueGoThroughItsMethods(t *testing.T) {
 // handed back: the table sends it again itself after a pause, so the
 // record still opens and the other instances stop holding the session.
 func TestQueuedWriteThatFailsIsSentAgainByTheTable(t *testing.T) {
-	store := &queueingStore{fakeStore: newFakeStore(), fail: true}
+	// Only Opened fails: a failed InitializeEnded would send the Opened
+	// after it from the session's goroutine, never through the queue.
+	store := &queueingStore{fakeStore: newFakeStore(), fail: "Opened"}
 	tab, clock := newTestTable(t, func(c *Config) { c.Store = store })
 	initialize, _ := tab.Begin("s", nil)
 	initialize.Done(200)
