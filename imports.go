@@ -3,8 +3,10 @@
 //
 //	xcaddy build --with github.com/mcpserializer/caddy-mcp-serializer
 //
-// The handler itself is in package caddymodule; the scheduling core, which
-// does not depend on Caddy, is in package serializer.
+// The handler is in package caddymodule, which brings the state engines
+// (packages redisstate and storagestate, on the contract of package
+// stateengine); the scheduling core, which depends on neither Caddy nor
+// Redis, is in package serializer.
 package caddymcpserializer
 
 import _ "github.com/mcpserializer/caddy-mcp-serializer/caddymodule"

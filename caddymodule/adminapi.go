@@ -135,7 +135,7 @@ func listSessions(w http.ResponseWriter, r *http.Request) error {
 			rep.Matching++
 			if len(rep.Sessions) < limit {
 				rep.Sessions = append(rep.Sessions, sessionReport{
-					SessionHash: sessionHash(s.ID),
+					SessionHash: serializer.SessionHash(s.ID),
 					State:       string(s.Gate),
 					InFlight:    s.InFlight,
 					Streaming:   s.Streaming,
@@ -179,7 +179,7 @@ func dropSession(w http.ResponseWriter, r *http.Request, hash string) error {
 	for _, nt := range named {
 		var ids []string
 		nt.table.Inspect(func(s serializer.SessionStatus) {
-			if sessionHash(s.ID) == hash {
+			if serializer.SessionHash(s.ID) == hash {
 				ids = append(ids, s.ID)
 			}
 		})

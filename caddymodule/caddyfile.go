@@ -3,12 +3,13 @@ package caddymodule
 import (
 	"strconv"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/settings"
 )
 
 func init() {
@@ -44,27 +45,27 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	}
 //
 // Every setting is optional; defaults are applied in Provision. The
-// engines' settings are in RedisState.UnmarshalCaddyfile and
-// StorageState.UnmarshalCaddyfile.
+// engines' settings are in redisstate.Engine.UnmarshalCaddyfile and
+// storagestate.Engine.UnmarshalCaddyfile.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return eachSetting(d, func(setting, val string) (err error) {
+	return settings.Each(d, func(setting, val string) (err error) {
 		switch setting {
 		case "state":
 			return h.unmarshalState(d)
 		case "name":
 			h.Name = val
 		case "init_timeout":
-			h.InitTimeout, err = parseDuration(val)
+			h.InitTimeout, err = settings.Duration(val)
 		case "on_init_timeout":
 			h.OnInitTimeout = val
 		case "queue_timeout":
-			h.QueueTimeout, err = parseDuration(val)
+			h.QueueTimeout, err = settings.Duration(val)
 		case "max_queue":
 			h.MaxQueue, err = strconv.Atoi(val)
 		case "max_sessions":
 			h.MaxSessions, err = strconv.Atoi(val)
 		case "session_ttl":
-			h.SessionTTL, err = parseDuration(val)
+			h.SessionTTL, err = settings.Duration(val)
 		case "max_body":
 			h.MaxBody, err = parseSize(val)
 		case "max_buffered":
@@ -78,56 +79,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized mcp_serializer setting %q", setting)
 		}
-		return endSetting(d, setting, err)
+		return settings.End(d, setting, err)
 	})
-}
-
-// eachSetting reads a block of one-value settings (the handler's, or the
-// storage engine's), with no argument on the block's own line, and hands
-// each setting and its value to set; a setting given twice is refused.
-func eachSetting(d *caddyfile.Dispenser, set func(setting, val string) error) error {
-	d.Next() // the directive's or engine's name
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	seen := settingsSeen{}
-	for d.NextBlock(0) {
-		setting := d.Val()
-		if err := seen.once(d, setting); err != nil {
-			return err
-		}
-		if !d.NextArg() {
-			return d.ArgErr()
-		}
-		if err := set(setting, d.Val()); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// settingsSeen refuses a setting given twice in one block: the second
-// would silently override the first.
-type settingsSeen map[string]bool
-
-func (s settingsSeen) once(d *caddyfile.Dispenser, setting string) error {
-	if s[setting] {
-		return d.Errf("%s: given twice", setting)
-	}
-	s[setting] = true
-	return nil
-}
-
-// endSetting ends the line of a setting in a block, the handler's or an
-// engine's: the value's parse error, named by its setting, or values left.
-func endSetting(d *caddyfile.Dispenser, setting string, err error) error {
-	if err != nil {
-		return d.Errf("%s: %v", setting, err)
-	}
-	if d.NextArg() {
-		return d.Errf("%s: too many values", setting)
-	}
-	return nil
 }
 
 // unmarshalState reads `state <engine> [{ … }]`, the engine's own
@@ -145,11 +98,6 @@ func (h *Handler) unmarshalState(d *caddyfile.Dispenser) error {
 func parseSize(s string) (int64, error) {
 	size, err := humanize.ParseBytes(s)
 	return int64(size), err
-}
-
-func parseDuration(s string) (caddy.Duration, error) {
-	d, err := caddy.ParseDuration(s)
-	return caddy.Duration(d), err
 }
 
 var _ caddyfile.Unmarshaler = (*Handler)(nil)

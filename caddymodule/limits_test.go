@@ -19,7 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/redisstate"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+	"github.com/mcpserializer/caddy-mcp-serializer/storagestate"
 )
 
 // newBareHandler is a provisioned-enough Handler for calling ServeHTTP
@@ -440,14 +442,14 @@ func TestValidateRefusesEachBadSettingByName(t *testing.T) {
 		{handler(func(h *Handler) { h.GetStream = "open" }), "get_stream"},
 		{handler(func(h *Handler) { h.Order = "global" }), "order"},
 		{handler(func(h *Handler) { h.Order = orderCluster }), "order cluster needs shared state"},
-		{handler(func(h *Handler) { h.Order, h.engine = orderCluster, &StorageState{} }), "the storage state engine cannot order"},
-		{&RedisState{Sentinel: []string{"a:1"}, Address: []string{"b:1"}, MasterName: "m"}, "sentinel and address"},
-		{&RedisState{Sentinel: []string{"a:1"}}, "master_name"},
-		{&RedisState{Cluster: true}, "cluster needs address"},
-		{&RedisState{Address: []string{"a:1"}, TLSCertFile: "c.pem"}, "tls_key_file"},
-		{&RedisState{Address: []string{"a:1", "b:1"}, DB: 2}, "db"},
-		{&RedisState{Address: []string{"a:1"}, Timeout: -1}, "timeout"},
-		{&StorageState{SweepInterval: -1}, "sweep_interval"},
+		{handler(func(h *Handler) { h.Order, h.engine = orderCluster, &storagestate.Engine{} }), "the storage state engine cannot order"},
+		{&redisstate.Engine{Sentinel: []string{"a:1"}, Address: []string{"b:1"}, MasterName: "m"}, "sentinel and address"},
+		{&redisstate.Engine{Sentinel: []string{"a:1"}}, "master_name"},
+		{&redisstate.Engine{Cluster: true}, "cluster needs address"},
+		{&redisstate.Engine{Address: []string{"a:1"}, TLSCertFile: "c.pem"}, "tls_key_file"},
+		{&redisstate.Engine{Address: []string{"a:1", "b:1"}, DB: 2}, "db"},
+		{&redisstate.Engine{Address: []string{"a:1"}, Timeout: -1}, "timeout"},
+		{&storagestate.Engine{SweepInterval: -1}, "sweep_interval"},
 	} {
 		err := tc.module.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -2,13 +2,13 @@ package caddymodule
 
 import (
 	"errors"
-
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -107,13 +107,13 @@ type events struct {
 	logger *zap.Logger
 	// gateWarns spaces the gate-timeout WARNs: every client that never
 	// sends initialized causes one. nil logs each.
-	gateWarns *warnLimiter
-	turnWarns *warnLimiter     // the same for lost turns
-	now       func() time.Time // nil: time.Now
+	gateWarns *warnlimit.Limiter
+	turnWarns *warnlimit.Limiter // the same for lost turns
+	now       func() time.Time   // nil: time.Now
 }
 
 func newEvents(logger *zap.Logger) events {
-	return events{logger: logger, gateWarns: new(warnLimiter), turnWarns: new(warnLimiter)}
+	return events{logger: logger, gateWarns: new(warnlimit.Limiter), turnWarns: new(warnlimit.Limiter)}
 }
 
 func (events) Waited(d time.Duration) { metrics.queueWait.Observe(d.Seconds()) }
@@ -121,12 +121,12 @@ func (events) Waited(d time.Duration) { metrics.queueWait.Observe(d.Seconds()) }
 func (events) Held() { metrics.gateHolds.Inc() }
 
 // GateTimedOut counts every gate timeout and logs at most one WARN per
-// stateWarnInterval, naming how many it held back since the last.
+// warnlimit.Interval, naming how many it held back since the last.
 func (e events) GateTimedOut(id string, action serializer.TimeoutAction) {
 	metrics.gateTimeout.WithLabelValues(action.String()).Inc()
 	if ok, suppressed := e.allow(e.gateWarns); ok {
 		e.logger.Warn("notifications/initialized not acknowledged within init_timeout",
-			zap.String("session", sessionHash(id)), zap.Stringer("action", action),
+			zap.String("session", serializer.SessionHash(id)), zap.Stringer("action", action),
 			zap.Int("suppressed", suppressed))
 	}
 }
@@ -137,12 +137,12 @@ func (e events) TurnLost(id string) {
 	metrics.turnsLost.Inc()
 	if ok, suppressed := e.allow(e.turnWarns); ok {
 		e.logger.Warn("exchange stopped: its cluster turn could not be renewed in time, or went to another instance",
-			zap.String("session", sessionHash(id)), zap.Int("suppressed", suppressed))
+			zap.String("session", serializer.SessionHash(id)), zap.Int("suppressed", suppressed))
 	}
 }
 
 // allow asks limit whether a WARN may go out now; a nil limit lets each.
-func (e events) allow(limit *warnLimiter) (ok bool, suppressed int) {
+func (e events) allow(limit *warnlimit.Limiter) (ok bool, suppressed int) {
 	if limit == nil {
 		return true, 0
 	}
@@ -150,7 +150,7 @@ func (e events) allow(limit *warnLimiter) (ok bool, suppressed int) {
 	if e.now != nil {
 		now = e.now
 	}
-	return limit.allow(now())
+	return limit.Allow(now())
 }
 
 func (events) Evicted(gated bool) {
@@ -163,6 +163,6 @@ func (events) Evicted(gated bool) {
 
 func (e events) Adopted(id string, gated bool) {
 	if c := e.logger.Check(zapcore.DebugLevel, "session met first here, looked up in shared state"); c != nil {
-		c.Write(zap.String("session", sessionHash(id)), zap.Bool("gated", gated))
+		c.Write(zap.String("session", serializer.SessionHash(id)), zap.Bool("gated", gated))
 	}
 }

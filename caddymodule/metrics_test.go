@@ -9,6 +9,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -18,7 +20,7 @@ import (
 func TestGateTimeoutWarnsOncePerIntervalAndCountsEvery(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	ev := newEvents(zap.New(core))
-	clock := newTestClock()
+	clock := enginetest.NewClock()
 	ev.now = clock.Now
 	counter := metrics.gateTimeout.WithLabelValues(serializer.Forward.String())
 	before := testutil.ToFloat64(counter)
@@ -30,7 +32,7 @@ func TestGateTimeoutWarnsOncePerIntervalAndCountsEvery(t *testing.T) {
 	if n := logs.Len(); n != 1 {
 		t.Fatalf("%d WARN lines for 5 gate timeouts within the interval, want 1", n)
 	}
-	clock.Advance(stateWarnInterval)
+	clock.Advance(warnlimit.Interval)
 	ev.GateTimedOut(id(5), serializer.Forward)
 	lines := logs.All()
 	if len(lines) != 2 {
@@ -50,7 +52,7 @@ func TestGateTimeoutWarnsOncePerIntervalAndCountsEvery(t *testing.T) {
 			t.Errorf("line %d shows a session id: %s", i, s)
 		}
 	}
-	if lines[1].ContextMap()["session"] != sessionHash(id(5)) {
-		t.Errorf("second line names session %v, want %s", lines[1].ContextMap()["session"], sessionHash(id(5)))
+	if lines[1].ContextMap()["session"] != serializer.SessionHash(id(5)) {
+		t.Errorf("second line names session %v, want %s", lines[1].ContextMap()["session"], serializer.SessionHash(id(5)))
 	}
 }

@@ -5,8 +5,6 @@
 package caddymodule
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -19,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
 
 func init() {
@@ -32,6 +31,13 @@ const (
 )
 
 const defaultMaxBody = 1 << 20
+
+// Order settings: a session's requests in order on each instance (behind
+// a front that keeps a session on one), or across instances (any front).
+const (
+	orderLocal   = "local"
+	orderCluster = "cluster"
+)
 
 // Handler is the mcp_serializer HTTP handler. Handlers with the same Name
 // share one session table, which survives config reloads.
@@ -87,8 +93,8 @@ type Handler struct {
 	// none; session-less requests go through untouched.
 	Key string `json:"key,omitempty"`
 
-	budget        *bodyBudget // max_buffered and what is held of it
-	engine        StateEngine // nil without state
+	budget        *bodyBudget        // max_buffered and what is held of it
+	engine        stateengine.Engine // nil without state
 	onInitTimeout serializer.TimeoutAction
 	table         *serializer.Table
 	poolKey       string
@@ -125,9 +131,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return fmt.Errorf("state: %w", err)
 		}
-		engine, ok := mod.(StateEngine)
+		engine, ok := mod.(stateengine.Engine)
 		if !ok {
-			return fmt.Errorf("state: %T %w", mod, errNotStateEngine)
+			return fmt.Errorf("state: %T is not a mcp_serializer state engine", mod)
 		}
 		h.engine = engine
 	}
@@ -135,7 +141,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// Safe behind any front, and free behind one that keeps a session
 		// on one instance: the turn stays where its requests go.
 		h.Order = orderLocal
-		if _, ok := h.engine.(TurnEngine); ok {
+		if h.engine != nil && h.engine.Abilities().Turns != nil {
 			h.Order = orderCluster
 		}
 	}
@@ -153,10 +159,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	registerMetrics(ctx.GetMetricsRegistry())
 	cfg.Events = newEvents(h.logger)
 	if h.engine != nil {
-		shared := newSharedState(h.engine, cfg.SessionTTL, h.logger)
+		shared := stateengine.NewAdapter(h.engine, cfg.SessionTTL, h.logger, metrics.stateErrors)
 		cfg.Store, cfg.StoreTimeout = shared, h.engine.CallTimeout()
 		if h.Order == orderCluster {
-			cluster := newClusterState(shared, h.engine.(TurnEngine))
+			cluster := stateengine.NewCluster(shared, h.engine.Abilities().Turns)
 			cfg.Store, cfg.Turns = cluster, cluster
 		}
 	}
@@ -319,7 +325,7 @@ func (h *Handler) validateClusterOrder() error {
 	if h.engine == nil {
 		return fmt.Errorf("order cluster needs shared state (state redis): the instances keep each session's turn there")
 	}
-	if _, ok := h.engine.(TurnEngine); !ok {
+	if h.engine.Abilities().Turns == nil {
 		name := "this"
 		if m, ok := h.engine.(caddy.Module); ok {
 			name = m.CaddyModule().ID.Name()
@@ -362,13 +368,6 @@ type pooledTable struct {
 func (t pooledTable) Destruct() error {
 	t.Close()
 	return nil
-}
-
-// sessionHash is the form of a session id fit for logs: the id itself is a
-// bearer credential.
-func sessionHash(id string) string {
-	sum := sha256.Sum256([]byte(id))
-	return hex.EncodeToString(sum[:6])
 }
 
 // Interface guards

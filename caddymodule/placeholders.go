@@ -92,7 +92,7 @@ func (info *requestInfo) placeholder(key string) (any, bool) {
 		if info.session() == "" {
 			return "", true
 		}
-		return sessionHash(info.sessionID), true
+		return serializer.SessionHash(info.sessionID), true
 	case placeholderMethod:
 		return info.method.String(), true
 	case placeholderProtocolVersion:
@@ -109,7 +109,7 @@ func (info *requestInfo) placeholder(key string) (any, bool) {
 // the top level of the entry, beside Caddy's own.
 func (info *requestInfo) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	if info.session() != "" {
-		enc.AddString("mcp_session_hash", sessionHash(info.sessionID))
+		enc.AddString("mcp_session_hash", serializer.SessionHash(info.sessionID))
 	}
 	enc.AddString("mcp_method", info.method.String())
 	if info.protocolVersion != "" {
@@ -160,7 +160,7 @@ func publishNoSession(r *http.Request) *requestInfo {
 func publishCreated(r *http.Request, id string, info *requestInfo) {
 	ctx := r.Context()
 	if repl, ok := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
-		repl.Set(placeholderSessionHash, sessionHash(id))
+		repl.Set(placeholderSessionHash, serializer.SessionHash(id))
 	}
 	if info != nil {
 		info.sessionID = id // read when the access log is written

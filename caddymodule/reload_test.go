@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mcpserializer/caddy-mcp-serializer/caddymodule"
 	"github.com/mcpserializer/caddy-mcp-serializer/integration/mcpstub"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
 )
 
 // `caddy reload` (through the admin API) under steady pipelined load
@@ -377,7 +377,7 @@ func TestRefusedConfigLeavesTheLiveTableSettingsAlone(t *testing.T) {
 // engine, never through the old config's closed client.
 func TestReloadHandsBackgroundWorkTheNewEngineBeforeAnyRequest(t *testing.T) {
 	const sid = "state-moved"
-	first, second := caddymodule.StartRedis(t), caddymodule.StartRedis(t)
+	first, second := redistest.Start(t), redistest.Start(t)
 	_, addr := newUpstream(t, mcpAnswer(sid, nil))
 	site := func(redis string) string {
 		return "metrics /metrics\nmcp_serializer {\n\tinit_timeout 500ms\n\tstate redis " + redis + "\n}\nreverse_proxy " + addr

@@ -7,6 +7,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
 // JSON-RPC error codes used in local replies.
@@ -23,7 +25,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, reason string, 
 	if c := h.logger.Check(zapcore.DebugLevel, "request answered locally"); c != nil {
 		fields := []zap.Field{zap.String("reason", reason), zap.Int("status", status), zap.String("method", r.Method)}
 		if sid := r.Header.Get(sessionHeader); sid != "" {
-			fields = append(fields, zap.String("session", sessionHash(sid)))
+			fields = append(fields, zap.String("session", serializer.SessionHash(sid)))
 		}
 		c.Write(fields...)
 	}

@@ -147,7 +147,7 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request, 
 	if ok {
 		publishCreated(r, id, info)
 		if c := h.logger.Check(zapcore.DebugLevel, "session created, held until initialized"); c != nil {
-			c.Write(zap.String("session", sessionHash(id)))
+			c.Write(zap.String("session", serializer.SessionHash(id)))
 		}
 	}
 	return turn
@@ -391,7 +391,7 @@ func (h *Handler) rejectWait(w http.ResponseWriter, r *http.Request, id string, 
 		// The client left while waiting: nothing to answer, nothing forwarded.
 		metrics.rejections.WithLabelValues("client_gone").Inc()
 		if c := h.logger.Check(zapcore.DebugLevel, "client left while waiting for its turn"); c != nil {
-			c.Write(zap.String("session", sessionHash(id)))
+			c.Write(zap.String("session", serializer.SessionHash(id)))
 		}
 		return nil
 	}

@@ -16,10 +16,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
-
 	"github.com/redis/go-redis/v9"
 
-	"github.com/mcpserializer/caddy-mcp-serializer/caddymodule"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -42,7 +41,7 @@ func connect(t *testing.T, url string) {
 
 // The minimal Caddyfile forms of `state` load and serve as written.
 func TestStateCaddyfileFormsServe(t *testing.T) {
-	redisAddr := caddymodule.StartRedis(t)
+	redisAddr := redistest.Start(t)
 	_, upstream := sessionUpstream(t)
 	for _, state := range []string{
 		"state redis",
@@ -170,7 +169,7 @@ func twoTables(t *testing.T, state, upstream string) (a, b, root string) {
 // A session created behind one table is gated behind the other, through
 // each engine: its follow-up waits for notifications/initialized.
 func TestSessionCreatedBehindOneTableIsGatedBehindAnother(t *testing.T) {
-	redisAddr := caddymodule.StartRedis(t)
+	redisAddr := redistest.Start(t)
 	// Generous timeouts (the longest order cluster, redis' default,
 	// allows): on a busy machine the first call, which dials, must not
 	// fall back to local behaviour.
@@ -256,7 +255,7 @@ func TestHandlersSharingATableMustAgreeOnState(t *testing.T) {
 // lapse, when another instance could start the session's next exchange,
 // and its client gets a clear error: 503 with a JSON-RPC error.
 func TestExchangeIsStoppedWhenItsClusterTurnCannotBeRenewed(t *testing.T) {
-	redisAddr := caddymodule.StartRedis(t)
+	redisAddr := redistest.Start(t)
 	const sid = "lapsing"
 	upstreamGaveUp := make(chan time.Duration, 1)
 	_, addr := newUpstream(t, mcpAnswer(sid, func(m rpcMsg, w http.ResponseWriter, r *http.Request) bool {

@@ -49,7 +49,7 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 		srv := runningServer(server, listen)
 		if srv == nil {
 			h.logger.Warn("on_init_timeout synthesize: no server of the running config listens where the session was created; the gate opens without it",
-				zap.String("session", sessionHash(id)), zap.Strings("listen", listen))
+				zap.String("session", serializer.SessionHash(id)), zap.Strings("listen", listen))
 			return false
 		}
 		ctx = context.WithValue(ctx, synthesizedKey{}, true)
@@ -74,7 +74,7 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 		}
 		status := statusOf(rec.status, err)
 		h.logger.Warn("sent notifications/initialized on the client's behalf (on_init_timeout synthesize)",
-			zap.String("session", sessionHash(id)), zap.Int("status", status), zap.Error(err))
+			zap.String("session", serializer.SessionHash(id)), zap.Int("status", status), zap.Error(err))
 		return status >= 200 && status < 300
 	}
 }

@@ -1,4 +1,4 @@
-package caddymodule
+package stateengine
 
 import (
 	"hash/maphash"

@@ -1,45 +1,24 @@
-package caddymodule
+package stateengine
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
-// batchEngine is a StateEngine that sends several writes in one exchange
-// with its server (the redis engine: one pipeline, one round trip). Over
-// such an engine the adapter gathers the writes that calls make while an
-// exchange is in flight into the next one: a busy instance then pays one
-// round trip, and one wake-up of Redis, for the records of many sessions
-// instead of one per write. It also takes a session's later writes from
-// the table without anyone waiting (serializer.WriteQueue): no goroutine
-// per session then waits on them.
-type batchEngine interface {
-	// Writes sends ws in their order and sets each one's err. It honours
-	// ctx.
-	Writes(ctx context.Context, ws []*stateWrite, ttl time.Duration)
-}
+// Writes over an engine that takes batches (Abilities.Batch): the adapter
+// gathers the writes that calls make while an exchange is in flight into
+// the next one, so a busy instance pays one round trip, and one wake-up
+// of Redis, for the records of many sessions instead of one per write. It
+// also takes a session's later writes from the table without anyone
+// waiting (serializer.WriteQueue): no goroutine per session then waits on
+// them.
 
-// stateWrite is one write of a batch.
-type stateWrite struct {
-	op       stateOp // opCreated, opInitializeEnded, opOpened, opTouch or opForget
-	key      string
-	deadline time.Time // opCreated's init deadline
-	announce bool      // opOpened: tell every instance (order cluster)
-	err      error     // the engine's answer
-
-	state  atomic.Uint32 // writeQueued, then writeSent or writeAbandoned
-	done   chan struct{} // closed once the engine answered, or the write was left out; nil: nobody waits
-	after  func()        // nil, or run at that moment
-	id     string        // with no waiter: the session, for the failure's log line
-	failed func()        // with no waiter: called if the write fails, for the table to send it again
-}
-
+// The states of a Write on its way.
 const (
 	writeQueued uint32 = iota
 	writeSent
@@ -64,7 +43,7 @@ const senderLinger = time.Second
 // writeQueue holds an adapter's writes not yet sent.
 type writeQueue struct {
 	mu      sync.Mutex
-	queued  []*stateWrite
+	queued  []*Write
 	senders int           // goroutines sending batches, idle ones included
 	idle    int           // senders waiting for writes, not yet woken; the others are busy
 	wake    chan struct{} // one token per idle sender woken
@@ -81,14 +60,14 @@ var timers = sync.Pool{New: func() any {
 // with bounded's bounds: at most the engine's timeout, and a slot held
 // until the engine answered (errStateBusy, without the engine, when none
 // is free). Failures are counted and logged as bounded does.
-func (s *sharedState) write(ctx context.Context, id string, w *stateWrite) error {
+func (s *Adapter) write(ctx context.Context, id string, w *Write) error {
 	select {
 	case s.slots <- struct{}{}:
 	default:
 		if w.after != nil {
 			w.after()
 		}
-		s.failed(w.op, id, errStateBusy)
+		s.failed(w.Op, id, errStateBusy)
 		return errStateBusy
 	}
 	w.done = make(chan struct{})
@@ -101,7 +80,7 @@ func (s *sharedState) write(ctx context.Context, id string, w *stateWrite) error
 	var err error
 	select {
 	case <-w.done:
-		err = w.err
+		err = w.Err
 	case <-timer.C:
 		err = s.gaveUp(w, context.DeadlineExceeded)
 	case <-ctx.Done():
@@ -110,7 +89,7 @@ func (s *sharedState) write(ctx context.Context, id string, w *stateWrite) error
 	stopTimer(timer)
 	timers.Put(timer)
 	if err != nil && !errors.Is(ctx.Err(), context.Canceled) {
-		s.failed(w.op, id, err)
+		s.failed(w.Op, id, err)
 	}
 	return err
 }
@@ -118,12 +97,12 @@ func (s *sharedState) write(ctx context.Context, id string, w *stateWrite) error
 // enqueue queues w, which holds a slot, and sees that a sender will take
 // it: an idle one woken, or a new one, unless one is busy already (then
 // w waits for its next batch), or for a Created, two.
-func (s *sharedState) enqueue(w *stateWrite) {
+func (s *Adapter) enqueue(w *Write) {
 	q := &s.writes
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.queued = append(q.queued, w)
-	if busy := q.senders - q.idle; busy == 0 || (w.op == opCreated && busy < maxWriteBatches) {
+	if busy := q.senders - q.idle; busy == 0 || (w.Op == OpCreated && busy < maxWriteBatches) {
 		if q.idle > 0 {
 			q.idle--
 			q.wake <- struct{}{} // never blocks: at most one token per sender
@@ -139,7 +118,7 @@ func (s *sharedState) enqueue(w *stateWrite) {
 // when the engine answers, and handed back to the table through failed.
 // False, without w, when the engine takes no batches or no slot is free:
 // the table then sends it itself.
-func (s *sharedState) queue(id string, w *stateWrite, failed func()) bool {
+func (s *Adapter) queue(id string, w *Write, failed func()) bool {
 	if s.batch == nil {
 		return false
 	}
@@ -155,27 +134,27 @@ func (s *sharedState) queue(id string, w *stateWrite, failed func()) bool {
 
 // QueueInitializeEnded is InitializeEnded with nobody waiting
 // (serializer.WriteQueue).
-func (s *sharedState) QueueInitializeEnded(id string, failed func()) bool {
-	return s.queue(id, &stateWrite{op: opInitializeEnded, key: serializer.StoreKey(id)}, failed)
+func (s *Adapter) QueueInitializeEnded(id string, failed func()) bool {
+	return s.queue(id, &Write{Op: OpInitializeEnded, Key: serializer.StoreKey(id)}, failed)
 }
 
 // QueueOpened is Opened with nobody waiting.
-func (s *sharedState) QueueOpened(id string, failed func()) bool {
-	return s.queue(id, &stateWrite{op: opOpened, key: serializer.StoreKey(id), announce: s.announceOpened}, failed)
+func (s *Adapter) QueueOpened(id string, failed func()) bool {
+	return s.queue(id, &Write{Op: OpOpened, Key: serializer.StoreKey(id), Announce: s.announceOpened}, failed)
 }
 
 // QueueForget is Forget with nobody waiting, "not found" remembered as
 // Forget does once the record is gone.
-func (s *sharedState) QueueForget(id string, failed func()) bool {
+func (s *Adapter) QueueForget(id string, failed func()) bool {
 	if s.batch == nil {
 		return false
 	}
 	key := serializer.StoreKey(id)
 	s.notFound.drop(key)
 	version := s.notFound.version(key)
-	w := &stateWrite{op: opForget, key: key}
+	w := &Write{Op: OpForget, Key: key}
 	w.after = func() {
-		if w.err == nil {
+		if w.Err == nil {
 			s.notFound.add(key, version, s.now())
 		}
 	}
@@ -184,7 +163,7 @@ func (s *sharedState) QueueForget(id string, failed func()) bool {
 
 // gaveUp: w's caller stops waiting, for cause; w is not sent if it was
 // not yet.
-func (s *sharedState) gaveUp(w *stateWrite, cause error) error {
+func (s *Adapter) gaveUp(w *Write, cause error) error {
 	w.state.CompareAndSwap(writeQueued, writeAbandoned)
 	return fmt.Errorf("no answer within %s: %w", s.timeout, cause)
 }
@@ -207,9 +186,9 @@ func resetTimer(t *time.Timer, d time.Duration) {
 
 // sendBatches sends whatever is queued as one batch, again and again,
 // and ends once nothing has come for senderLinger.
-func (s *sharedState) sendBatches() {
+func (s *Adapter) sendBatches() {
 	q := &s.writes
-	var batch, send []*stateWrite
+	var batch, send []*Write
 	linger := time.NewTimer(senderLinger)
 	defer linger.Stop()
 	for {
@@ -238,7 +217,7 @@ func (s *sharedState) sendBatches() {
 		}
 		if len(send) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-			s.batch.Writes(ctx, send, s.ttl)
+			s.batch(ctx, send, s.ttl)
 			cancel()
 			for _, w := range send {
 				s.answered(w)
@@ -252,7 +231,7 @@ func (s *sharedState) sendBatches() {
 // awaitWrites waits, as an idle sender, until a write wakes it (true) or
 // senderLinger passes (false: the sender is gone). Caller holds q.mu; it
 // is released.
-func (s *sharedState) awaitWrites(linger *time.Timer) bool {
+func (s *Adapter) awaitWrites(linger *time.Timer) bool {
 	q := &s.writes
 	q.idle++
 	q.mu.Unlock()
@@ -276,14 +255,14 @@ func (s *sharedState) awaitWrites(linger *time.Timer) bool {
 
 // answered ends w: its slot freed, its caller woken, or, with none, its
 // failure counted and handed back to the table.
-func (s *sharedState) answered(w *stateWrite) {
+func (s *Adapter) answered(w *Write) {
 	if w.after != nil {
 		w.after()
 	}
 	<-s.slots
 	if w.done == nil {
-		if w.err != nil {
-			s.failed(w.op, w.id, w.err)
+		if w.Err != nil {
+			s.failed(w.Op, w.id, w.Err)
 			if w.failed != nil {
 				w.failed()
 			}
@@ -293,4 +272,5 @@ func (s *sharedState) answered(w *stateWrite) {
 	close(w.done)
 }
 
-var _ serializer.WriteQueue = (*sharedState)(nil)
+var _ serializer.WriteQueue = (*Adapter)(nil)
+var _ serializer.WriteQueue = (*Adapter)(nil)

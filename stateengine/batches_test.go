@@ -1,4 +1,4 @@
-package caddymodule
+package stateengine
 
 import (
 	"context"
@@ -29,17 +29,13 @@ type batchingEngine struct {
 	batches [][]string // "op key" of each write
 }
 
-func newBatchingEngine(timeout time.Duration) *batchingEngine {
-	return &batchingEngine{fakeEngine: newFakeEngine(), timeout: timeout,
-		holdFirst: make(chan struct{}), arrived: make(chan struct{}, 1024)}
-}
-
+func (e *batchingEngine) Abilities() Abilities       { return Abilities{Batch: e.Writes} }
 func (e *batchingEngine) CallTimeout() time.Duration { return e.timeout }
 
-func (e *batchingEngine) Writes(ctx context.Context, ws []*stateWrite, _ time.Duration) {
+func (e *batchingEngine) Writes(ctx context.Context, ws []*Write, _ time.Duration) {
 	var names []string
 	for _, w := range ws {
-		names = append(names, w.op.String()+" "+w.key)
+		names = append(names, w.Op.String()+" "+w.Key)
 	}
 	e.mu.Lock()
 	e.batches = append(e.batches, names)
@@ -55,7 +51,7 @@ func (e *batchingEngine) Writes(ctx context.Context, ws []*stateWrite, _ time.Du
 		}
 	}
 	for _, w := range ws {
-		w.err = err
+		w.Err = err
 	}
 }
 
@@ -74,8 +70,13 @@ func (e *batchingEngine) awaitBatch(t *testing.T) {
 	}
 }
 
+func newBatchingEngine(timeout time.Duration) *batchingEngine {
+	return &batchingEngine{fakeEngine: newFakeEngine(), timeout: timeout,
+		holdFirst: make(chan struct{}), arrived: make(chan struct{}, 1024)}
+}
+
 // queued is the number of writes waiting for a batch.
-func queued(s *sharedState) int {
+func queued(s *Adapter) int {
 	s.writes.mu.Lock()
 	defer s.writes.mu.Unlock()
 	return len(s.writes.queued)
@@ -108,7 +109,7 @@ func awaitAll(t *testing.T, errs <-chan error, n int) []error {
 
 func TestAdapterSendsTheWritesMadeDuringAnExchangeTogetherInTheNext(t *testing.T) {
 	eng := newBatchingEngine(10 * time.Second)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
+	store := newTestAdapter(eng, time.Hour, zap.NewNop())
 	ctx := context.Background()
 	errs := make(chan error, 4)
 
@@ -140,7 +141,7 @@ func TestAdapterSendsTheWritesMadeDuringAnExchangeTogetherInTheNext(t *testing.T
 // an exchange in flight to end, as the other writes do.
 func TestAdapterCreatedStartsAnExchangeBesideOneInFlight(t *testing.T) {
 	eng := newBatchingEngine(10 * time.Second)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
+	store := newTestAdapter(eng, time.Hour, zap.NewNop())
 	ctx := context.Background()
 	errs := make(chan error, 3)
 
@@ -172,8 +173,8 @@ func TestAdapterCreatedStartsAnExchangeBesideOneInFlight(t *testing.T) {
 // behind it. Its slot comes back, and the failure is counted.
 func TestAdapterNeverSendsAWriteItsCallerStoppedWaitingFor(t *testing.T) {
 	eng := newBatchingEngine(10 * time.Second)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
-	counter := metrics.stateErrors.WithLabelValues("forget")
+	store := newTestAdapter(eng, time.Hour, zap.NewNop())
+	counter := testErrors.WithLabelValues("forget")
 	before := testutil.ToFloat64(counter)
 	errs := make(chan error, 1)
 
@@ -209,7 +210,7 @@ func TestAdapterNeverSendsAWriteItsCallerStoppedWaitingFor(t *testing.T) {
 func TestAdapterSendersEndOnceNoWritesCome(t *testing.T) {
 	eng := newBatchingEngine(10 * time.Second)
 	close(eng.holdFirst)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
+	store := newTestAdapter(eng, time.Hour, zap.NewNop())
 	ctx := context.Background()
 	errs := make(chan error, 2)
 	go func() { errs <- store.Opened(ctx, "a") }()
@@ -229,7 +230,7 @@ func TestAdapterSendersEndOnceNoWritesCome(t *testing.T) {
 // takeEverySlot fills the adapter's call slots: one write hung in the
 // engine's first batch, the others queued behind it. Their answers come
 // on the channel once the test closes eng.holdFirst.
-func takeEverySlot(t *testing.T, eng *batchingEngine, store *sharedState) <-chan error {
+func takeEverySlot(t *testing.T, eng *batchingEngine, store *Adapter) <-chan error {
 	t.Helper()
 	ctx := context.Background()
 	errs := make(chan error, maxStateCallsInFlight)
@@ -246,7 +247,7 @@ func takeEverySlot(t *testing.T, eng *batchingEngine, store *sharedState) <-chan
 // taken the next write fails at once, without queueing.
 func TestAdapterRefusesAWriteWhenEveryCallSlotIsTaken(t *testing.T) {
 	eng := newBatchingEngine(10 * time.Second)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
+	store := newTestAdapter(eng, time.Hour, zap.NewNop())
 	errs := takeEverySlot(t, eng, store)
 	if err := store.Touch(context.Background(), "one too many"); !errors.Is(err, errStateBusy) {
 		t.Fatalf("Touch = %v, want errStateBusy", err)
@@ -264,9 +265,9 @@ func TestAdapterRefusesAWriteWhenEveryCallSlotIsTaken(t *testing.T) {
 // and tries again if that fails.
 func TestAdapterHandsAQueuedWriteBackWhenEveryCallSlotIsTaken(t *testing.T) {
 	eng := newBatchingEngine(10 * time.Second)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
+	store := newTestAdapter(eng, time.Hour, zap.NewNop())
 	errs := takeEverySlot(t, eng, store)
-	counter := metrics.stateErrors.WithLabelValues("opened")
+	counter := testErrors.WithLabelValues("opened")
 	before := testutil.ToFloat64(counter)
 	if store.QueueOpened("s", func() { t.Error("a write handed back was reported failed") }) {
 		t.Fatal("QueueOpened took a write with no slot free")
@@ -278,81 +279,11 @@ func TestAdapterHandsAQueuedWriteBackWhenEveryCallSlotIsTaken(t *testing.T) {
 	awaitAll(t, errs, maxStateCallsInFlight)
 }
 
-// The scripts go by their SHA; a server that lost them (restarted, or
-// SCRIPT FLUSH) gets them again, within the same call.
-func TestRedisWritesLoadTheScriptsTheServerLost(t *testing.T) {
-	addr := startRedis(t)
-	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}}).(*RedisState)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
-	ctx := context.Background()
-	if err := store.Created(ctx, "s1", time.Now().Add(time.Minute)); err != nil {
-		t.Fatal(err)
-	}
-	if err := eng.client.ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	ws := []*stateWrite{
-		{op: opCreated, key: serializer.StoreKey("s2"), deadline: time.Now().Add(time.Minute)},
-		{op: opOpened, key: serializer.StoreKey("s1")},
-		{op: opInitializeEnded, key: serializer.StoreKey("s2")},
-		{op: opTouch, key: serializer.StoreKey("s1")},
-	}
-	eng.Writes(ctx, ws, time.Hour)
-	for _, w := range ws {
-		if w.err != nil {
-			t.Fatalf("%s: %v", w.op, w.err)
-		}
-	}
-	for id, want := range map[string]serializer.Record{
-		"s1": {Open: true},
-		"s2": {InitializeInFlight: false},
-	} {
-		rec, found, err := store.Lookup(ctx, id)
-		if err != nil || !found || rec.Open != want.Open || rec.InitializeInFlight != want.InitializeInFlight {
-			t.Fatalf("Lookup(%s) = %+v, %v, %v; want %+v", id, rec, found, err, want)
-		}
-	}
-}
-
-// One batch holds the writes of several sessions, each session's in its
-// order, as a busy instance sends them.
-func TestRedisWritesOfOneBatchApplyInTheirOrder(t *testing.T) {
-	addr := startRedis(t)
-	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}}).(*RedisState)
-	ctx := context.Background()
-	deadline := time.Now().Add(time.Minute)
-	k := serializer.StoreKey
-	ws := []*stateWrite{
-		{op: opCreated, key: k("opened"), deadline: deadline},
-		{op: opCreated, key: k("ended"), deadline: deadline},
-		{op: opOpened, key: k("opened")},
-		{op: opForget, key: k("ended")},
-		{op: opInitializeEnded, key: k("opened")}, // does not undo Opened
-		{op: opOpened, key: k("ended")},           // does not bring it back
-		{op: opOpened, key: k("never created")},
-	}
-	eng.Writes(ctx, ws, time.Hour)
-	for _, w := range ws {
-		if w.err != nil {
-			t.Fatalf("%s %s: %v", w.op, w.key, w.err)
-		}
-	}
-	for key, want := range map[string]bool{k("opened"): true, k("ended"): false, k("never created"): false} {
-		rec, found, err := eng.Lookup(ctx, key)
-		if err != nil || found != want || (found && (!rec.Open || rec.InitializeInFlight)) {
-			t.Fatalf("Lookup = %+v, %v, %v; want found %v and open", rec, found, err, want)
-		}
-	}
-	if n, err := eng.client.Exists(ctx, eng.KeyPrefix+k("ended"), eng.KeyPrefix+k("never created")).Result(); err != nil || n != 0 {
-		t.Fatalf("EXISTS = %d, %v", n, err)
-	}
-}
-
 // The serializer.WriteQueue writes return at once and go in the next
 // batch; a queued Forget leaves "not found" remembered as Forget does.
 func TestAdapterQueuedWritesGoInTheNextBatchWithNobodyWaiting(t *testing.T) {
 	eng := newBatchingEngine(10 * time.Second)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
+	store := newTestAdapter(eng, time.Hour, zap.NewNop())
 	ctx := context.Background()
 	errs := make(chan error, 1)
 
@@ -388,18 +319,20 @@ func TestAdapterQueuedWritesGoInTheNextBatchWithNobodyWaiting(t *testing.T) {
 // failingBatchEngine fails every write of its batches.
 type failingBatchEngine struct{ *fakeEngine }
 
+func (e failingBatchEngine) Abilities() Abilities     { return Abilities{Batch: e.Writes} }
 func (failingBatchEngine) CallTimeout() time.Duration { return 10 * time.Second }
-func (failingBatchEngine) Writes(_ context.Context, ws []*stateWrite, _ time.Duration) {
+
+func (failingBatchEngine) Writes(_ context.Context, ws []*Write, _ time.Duration) {
 	for _, w := range ws {
-		w.err = errors.New("engine down")
+		w.Err = errors.New("engine down")
 	}
 }
 
 // A queued write that fails is counted and handed back to the table,
 // once, through its failed callback.
 func TestAdapterCountsAndHandsBackAQueuedWriteThatFails(t *testing.T) {
-	store := newSharedState(failingBatchEngine{newFakeEngine()}, time.Hour, zap.NewNop())
-	counter := metrics.stateErrors.WithLabelValues("opened")
+	store := newTestAdapter(failingBatchEngine{newFakeEngine()}, time.Hour, zap.NewNop())
+	counter := testErrors.WithLabelValues("opened")
 	before := testutil.ToFloat64(counter)
 	var handedBack atomic.Int32
 	if !store.QueueOpened("s", func() { handedBack.Add(1) }) {
@@ -413,7 +346,7 @@ func TestAdapterCountsAndHandsBackAQueuedWriteThatFails(t *testing.T) {
 // An engine that takes no batches (Caddy storage) gets its writes one at
 // a time, in order, from the serializer's goroutine: nothing is queued.
 func TestAdapterQueuesNothingForAnEngineWithoutBatches(t *testing.T) {
-	store := newSharedState(newFakeEngine(), time.Hour, zap.NewNop())
+	store := newTestAdapter(newFakeEngine(), time.Hour, zap.NewNop())
 	for name, queue := range map[string]func(string, func()) bool{
 		"InitializeEnded": store.QueueInitializeEnded, "Opened": store.QueueOpened, "Forget": store.QueueForget,
 	} {
@@ -426,41 +359,7 @@ func TestAdapterQueuesNothingForAnEngineWithoutBatches(t *testing.T) {
 	}
 }
 
-// Through a table on a real redis-server, a session's later writes go by
-// the queue (no goroutine of the table's waits on them) and reach the
-// record: open once initialized is acknowledged, gone after DELETE.
-func TestRedisRecordFollowsASessionThroughQueuedWrites(t *testing.T) {
-	addr := startRedis(t)
-	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}}).(*RedisState)
-	store := newSharedState(eng, time.Hour, zap.NewNop())
-	cfg := serializer.Defaults()
-	cfg.Store = store
-	table := serializer.NewTable(cfg)
-	defer table.Close()
-	ctx := context.Background()
-	lookup := func() (serializer.Record, bool) {
-		rec, found, err := eng.Lookup(ctx, serializer.StoreKey("s"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rec, found
-	}
-
-	initialize, _ := table.Begin("s", nil)
-	if rec, found := lookup(); !found || rec.Open || !rec.InitializeInFlight {
-		t.Fatalf("after Begin: %+v, %v; want initializing, in flight", rec, found)
-	}
-	initialize.Done(200)
-	turn, err := table.Acquire(ctx, "s", serializer.CarriesInitialized)
-	if err != nil {
-		t.Fatal(err)
-	}
-	turn.Done(202)
-	eventuallyTrue(t, "the record open", func() bool { rec, found := lookup(); return found && rec.Open })
-	turn, err = table.Acquire(ctx, "s", serializer.EndsSession)
-	if err != nil {
-		t.Fatal(err)
-	}
-	turn.Done(200)
-	eventuallyTrue(t, "the record gone", func() bool { _, found := lookup(); return !found })
+// newTestAdapter is NewAdapter with its failures counted in testErrors.
+func newTestAdapter(engine Engine, ttl time.Duration, logger *zap.Logger) *Adapter {
+	return NewAdapter(engine, ttl, logger, testErrors)
 }

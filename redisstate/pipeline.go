@@ -1,4 +1,4 @@
-package caddymodule
+package redisstate
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
 
 // Writes sends a batch of writes in one pipeline, one round trip. The
@@ -18,15 +19,15 @@ import (
 // records as running them once does: Created sets every field, the
 // updates only move fields towards open and never recreate a record, and
 // DEL deletes again.
-func (r *RedisState) Writes(ctx context.Context, ws []*stateWrite, ttl time.Duration) {
+func (r *Engine) Writes(ctx context.Context, ws []*stateengine.Write, ttl time.Duration) {
 	now := time.Now()
-	cmds := r.pipeline(ctx, ws, func(p redis.Pipeliner, w *stateWrite) redis.Cmder {
+	cmds := r.pipeline(ctx, ws, func(p redis.Pipeliner, w *stateengine.Write) redis.Cmder {
 		return r.queueWrite(ctx, p, w, ttl, now, (*redis.Script).EvalSha)
 	})
 	lost := -1
 	for i, w := range ws {
-		w.err = cmds[i].Err()
-		if lost < 0 && redis.HasErrorPrefix(w.err, "NOSCRIPT") {
+		w.Err = cmds[i].Err()
+		if lost < 0 && redis.HasErrorPrefix(w.Err, "NOSCRIPT") {
 			lost = i
 		}
 	}
@@ -34,17 +35,17 @@ func (r *RedisState) Writes(ctx context.Context, ws []*stateWrite, ttl time.Dura
 		return
 	}
 	again := ws[lost:]
-	cmds = r.pipeline(ctx, again, func(p redis.Pipeliner, w *stateWrite) redis.Cmder {
+	cmds = r.pipeline(ctx, again, func(p redis.Pipeliner, w *stateengine.Write) redis.Cmder {
 		return r.queueWrite(ctx, p, w, ttl, now, (*redis.Script).Eval)
 	})
 	for i, w := range again {
-		w.err = cmds[i].Err()
+		w.Err = cmds[i].Err()
 	}
 }
 
 // pipeline queues one command per write and sends them; each command
 // holds its answer or error.
-func (r *RedisState) pipeline(ctx context.Context, ws []*stateWrite, queue func(redis.Pipeliner, *stateWrite) redis.Cmder) []redis.Cmder {
+func (r *Engine) pipeline(ctx context.Context, ws []*stateengine.Write, queue func(redis.Pipeliner, *stateengine.Write) redis.Cmder) []redis.Cmder {
 	p := r.client.Pipeline()
 	cmds := make([]redis.Cmder, len(ws))
 	for i, w := range ws {
@@ -56,35 +57,33 @@ func (r *RedisState) pipeline(ctx context.Context, ws []*stateWrite, queue func(
 
 // queueWrite queues w's command on p: a script run by eval (EvalSha, or
 // Eval to load it), or DEL.
-func (r *RedisState) queueWrite(ctx context.Context, p redis.Pipeliner, w *stateWrite, ttl time.Duration, now time.Time,
+func (r *Engine) queueWrite(ctx context.Context, p redis.Pipeliner, w *stateengine.Write, ttl time.Duration, now time.Time,
 	eval func(*redis.Script, context.Context, redis.Scripter, []string, ...any) *redis.Cmd) redis.Cmder {
-	keys := []string{r.KeyPrefix + w.key}
-	switch w.op {
-	case opCreated:
-		life := serializer.RecordTTL(ttl, false, w.deadline, now)
-		return eval(createScript, ctx, p, keys, w.deadline.UnixMilli(), life.Milliseconds())
-	case opInitializeEnded:
+	keys := []string{r.KeyPrefix + w.Key}
+	switch w.Op {
+	case stateengine.OpCreated:
+		life := serializer.RecordTTL(ttl, false, w.Deadline, now)
+		return eval(createScript, ctx, p, keys, w.Deadline.UnixMilli(), life.Milliseconds())
+	case stateengine.OpInitializeEnded:
 		return eval(updateScript, ctx, p, keys, "ended", ttl.Milliseconds())
-	case opOpened:
+	case stateengine.OpOpened:
 		channel := ""
-		if w.announce {
+		if w.Announce {
 			channel = r.changedChannel()
 		}
-		return eval(updateScript, ctx, p, keys, "opened", ttl.Milliseconds(), channel, w.key)
-	case opTouch:
+		return eval(updateScript, ctx, p, keys, "opened", ttl.Milliseconds(), channel, w.Key)
+	case stateengine.OpTouch:
 		return eval(updateScript, ctx, p, keys, "touch", ttl.Milliseconds())
-	case opForget:
+	case stateengine.OpForget:
 		return p.Del(ctx, keys[0])
 	}
 	cmd := redis.NewCmd(ctx)
-	cmd.SetErr(fmt.Errorf("%s is not a write", w.op))
+	cmd.SetErr(fmt.Errorf("%s is not a write", w.Op))
 	return cmd
 }
 
 // write sends one write on its own.
-func (r *RedisState) write(ctx context.Context, w *stateWrite, ttl time.Duration) error {
-	r.Writes(ctx, []*stateWrite{w}, ttl)
-	return w.err
+func (r *Engine) write(ctx context.Context, w *stateengine.Write, ttl time.Duration) error {
+	r.Writes(ctx, []*stateengine.Write{w}, ttl)
+	return w.Err
 }
-
-var _ batchEngine = (*RedisState)(nil)

@@ -1,4 +1,4 @@
-package caddymodule
+package redisstate
 
 import (
 	"context"
@@ -15,7 +15,10 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
 
 // The Redis script keeps a session's turn line exactly as
@@ -24,7 +27,7 @@ import (
 // with leases and claim windows running out along the way, and a line
 // lost now and then.
 func TestRedisTurnLineFollowsTheSerializersRules(t *testing.T) {
-	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{startRedis(t)}}).(*RedisState)
+	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{redistest.Start(t)}}).(*Engine)
 	ctx := context.Background()
 	const lease, claim = 500 * time.Millisecond, 100 * time.Millisecond
 	tokens := []string{"a.1", "a.2", "b.1", "b.2", "c.1"}
@@ -103,7 +106,7 @@ func behindOf(now, first time.Time) time.Duration {
 }
 
 func TestRedisAnnouncesAsksHandOnsAndOpenedGates(t *testing.T) {
-	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{startRedis(t)}}).(*RedisState)
+	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{redistest.Start(t)}}).(*Engine)
 	type heardMsg struct {
 		key, asker string
 		waited     time.Duration
@@ -135,8 +138,8 @@ func TestRedisAnnouncesAsksHandOnsAndOpenedGates(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect(heardMsg{"k", "", 0})
-	shared := newSharedState(eng, time.Hour, zap.NewNop())
-	cluster := newClusterState(shared, eng)
+	shared := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
+	cluster := stateengine.NewCluster(shared, eng)
 	if err := cluster.Created(ctx, "s", time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
@@ -159,13 +162,13 @@ func TestRedisAnnouncesAsksHandOnsAndOpenedGates(t *testing.T) {
 // (a sticky front: no engine call either), and alternating between two
 // instances (round robin: each request asks and the other hands on).
 func BenchmarkSessionRequestOnRedis(b *testing.B) {
-	eng := loadEngine(b, nil, "redis", map[string]any{"address": []string{startRedis(b)}}).(*RedisState)
+	eng := enginetest.Load(b, nil, "redis", map[string]any{"address": []string{redistest.Start(b)}}).(*Engine)
 	newTable := func(b *testing.B, order string) *serializer.Table {
-		shared := newSharedState(eng, time.Hour, zap.NewNop())
+		shared := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
 		cfg := serializer.Defaults()
 		cfg.Store, cfg.StoreTimeout = shared, time.Second
-		if order == orderCluster {
-			cluster := newClusterState(shared, eng)
+		if order == "cluster" {
+			cluster := stateengine.NewCluster(shared, eng)
 			cfg.Store, cfg.Turns = cluster, cluster
 		}
 		tab := serializer.NewTable(cfg)
@@ -177,16 +180,16 @@ func BenchmarkSessionRequestOnRedis(b *testing.B) {
 		order     string
 		instances int
 	}{
-		{"order=local", orderLocal, 1},
-		{"order=cluster/sticky", orderCluster, 1},
-		{"order=cluster/round_robin", orderCluster, 2},
+		{"order=local", "local", 1},
+		{"order=cluster/sticky", "cluster", 1},
+		{"order=cluster/round_robin", "cluster", 2},
 	} {
 		b.Run(bench.name, func(b *testing.B) {
 			var tabs []*serializer.Table
 			for range bench.instances {
 				tabs = append(tabs, newTable(b, bench.order))
 			}
-			if bench.order == orderCluster {
+			if bench.order == "cluster" {
 				eventuallyTrueB(b, eng.Announcing)
 			}
 			ctx := context.Background()
@@ -214,12 +217,12 @@ func BenchmarkSessionRequestOnRedis(b *testing.B) {
 // and bytes sent, per request. A PUBLISH goes to every node, and every
 // instance's subscription sits on the node owning the channel's slot.
 func BenchmarkTurnHandOnOnRedisCluster(b *testing.B) {
-	addrs := startRedisCluster(b, 3)
-	eng := loadEngine(b, nil, "redis", map[string]any{"address": []string{addrs[0]}, "cluster": true}).(*RedisState)
+	addrs := redistest.StartCluster(b, 3)
+	eng := enginetest.Load(b, nil, "redis", map[string]any{"address": []string{addrs[0]}, "cluster": true}).(*Engine)
 	var tabs []*serializer.Table
 	for range 2 {
-		shared := newSharedState(eng, time.Hour, zap.NewNop())
-		cluster := newClusterState(shared, eng)
+		shared := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
+		cluster := stateengine.NewCluster(shared, eng)
 		cfg := serializer.Defaults()
 		cfg.Store, cfg.Turns, cfg.StoreTimeout = cluster, cluster, time.Second
 		tab := serializer.NewTable(cfg)
@@ -283,7 +286,7 @@ func BenchmarkTurnHandOnOnRedisCluster(b *testing.B) {
 // node: owner-cpu is the publishing node's, others-cpu the two other
 // nodes' together. A PUBLISH is copied over the cluster bus to every node.
 func BenchmarkAnnouncementOnRedisCluster(b *testing.B) {
-	addrs := startRedisCluster(b, 3)
+	addrs := redistest.StartCluster(b, 3)
 	ctx := context.Background()
 	nodes := make([]*redis.Client, len(addrs))
 	for i, addr := range addrs {
@@ -397,20 +400,20 @@ func eventuallyTrueB(b *testing.B, cond func() bool) {
 // reading, each at once rather than when a lease runs out, and the
 // refusal is logged once, with the ACL line that grants the channel.
 func TestClusterTurnsMoveWithoutChannelRights(t *testing.T) {
-	addr := startRedis(t)
+	addr := redistest.Start(t)
 	ctx := context.Background()
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
 	if err := admin.Do(ctx, "ACL", "SETUSER", "mcp", "on", ">pw", "resetchannels", "~mcp_serializer:*", "+@all").Err(); err != nil {
 		t.Fatal(err)
 	}
-	eng := loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}, "username": "mcp", "password": "pw", "timeout": "1s"}).(*RedisState)
+	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}, "username": "mcp", "password": "pw", "timeout": "1s"}).(*Engine)
 	core, logs := observer.New(zap.WarnLevel)
 	eng.logger = zap.New(core)
 	var tabs []*serializer.Table
 	for range 2 {
-		shared := newSharedState(eng, time.Hour, zap.NewNop())
-		cluster := newClusterState(shared, eng)
+		shared := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
+		cluster := stateengine.NewCluster(shared, eng)
 		cfg := serializer.Defaults()
 		cfg.Store, cfg.Turns, cfg.StoreTimeout = cluster, cluster, eng.CallTimeout()
 		tab := serializer.NewTable(cfg)
@@ -478,7 +481,7 @@ const leastPrivilegeACL = "resetkeys ~mcp_serializer:* resetchannels &mcp_serial
 // The whole engine runs as a user with exactly leastPrivilegeACL: records,
 // turns and announcements, with no call refused.
 func TestRedisEngineRunsAsTheLeastPrivilegedUser(t *testing.T) {
-	addr := startRedis(t)
+	addr := redistest.Start(t)
 	ctx := context.Background()
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	defer admin.Close()
@@ -489,18 +492,18 @@ func TestRedisEngineRunsAsTheLeastPrivilegedUser(t *testing.T) {
 	if err := admin.Do(ctx, args...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	load := func(t *testing.T, prefix string) *RedisState {
-		return loadEngine(t, nil, "redis", map[string]any{"address": []string{addr}, "username": "mcp", "password": "pw",
-			"timeout": "1s", "key_prefix": prefix}).(*RedisState)
+	load := func(t *testing.T, prefix string) *Engine {
+		return enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}, "username": "mcp", "password": "pw",
+			"timeout": "1s", "key_prefix": prefix}).(*Engine)
 	}
 	n := 0
 	errorsBefore := map[string]float64{}
-	for op := range numStateOps {
-		errorsBefore[op.String()] = testutil.ToFloat64(metrics.stateErrors.WithLabelValues(op.String()))
+	for op := range stateengine.NumOps {
+		errorsBefore[op.String()] = testutil.ToFloat64(enginetest.Errors.WithLabelValues(op.String()))
 	}
-	testStoreConformance(t, func(t *testing.T, ttl time.Duration) engineUnderTest {
+	enginetest.Conformance(t, func(t *testing.T, ttl time.Duration) enginetest.Under {
 		n++ // keys of their own per engine, within the user's
-		return engineUnderTest{store: newSharedState(load(t, fmt.Sprintf("mcp_serializer:%d:", n)), ttl, zap.NewNop()), advance: time.Sleep}
+		return enginetest.Under{Store: enginetest.NewAdapter(load(t, fmt.Sprintf("mcp_serializer:%d:", n)), ttl, zap.NewNop()), Advance: time.Sleep}
 	})
 
 	eng := load(t, "mcp_serializer:") // the default, whose channel the rule names
@@ -508,7 +511,7 @@ func TestRedisEngineRunsAsTheLeastPrivilegedUser(t *testing.T) {
 	eng.logger = zap.New(core)
 	var tabs []*serializer.Table
 	for range 2 {
-		cluster := newClusterState(newSharedState(eng, time.Hour, zap.New(core)), eng)
+		cluster := stateengine.NewCluster(enginetest.NewAdapter(eng, time.Hour, zap.New(core)), eng)
 		cfg := serializer.Defaults()
 		cfg.Store, cfg.Turns, cfg.StoreTimeout = cluster, cluster, eng.CallTimeout()
 		tab := serializer.NewTable(cfg)
@@ -539,7 +542,7 @@ func TestRedisEngineRunsAsTheLeastPrivilegedUser(t *testing.T) {
 		t.Fatal("announcements refused to the least privileged user")
 	}
 	for op, before := range errorsBefore {
-		if n := testutil.ToFloat64(metrics.stateErrors.WithLabelValues(op)); n != before {
+		if n := testutil.ToFloat64(enginetest.Errors.WithLabelValues(op)); n != before {
 			t.Errorf("%v failed %s calls", n-before, op)
 		}
 	}

@@ -1,4 +1,4 @@
-package caddymodule
+package storagestate
 
 import (
 	"context"
@@ -14,11 +14,14 @@ import (
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/settings"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
 
 func init() {
-	caddy.RegisterModule(StorageState{})
+	caddy.RegisterModule(Engine{})
 }
 
 const (
@@ -47,11 +50,11 @@ const (
 	factTouched = "touched"
 )
 
-// StorageState shares session records through Caddy's configured storage
+// Engine shares session records through Caddy's configured storage
 // (the `storage` global option; the local file system by default): what a
 // Caddy cluster already shares for its certificates, or a directory that
 // instances on one host share.
-type StorageState struct {
+type Engine struct {
 	// Longest wait for one call (a lookup reads up to four keys); a call
 	// that takes longer counts as failed and the handler carries on
 	// locally. Default: 1s.
@@ -67,20 +70,20 @@ type StorageState struct {
 	stopSweeper context.CancelFunc
 	sweeperDone chan struct{}
 	// unreadableWarns spaces the WARN lines of records removed unread.
-	unreadableWarns *warnLimiter
+	unreadableWarns *warnlimit.Limiter
 }
 
 // CaddyModule returns the Caddy module information.
-func (StorageState) CaddyModule() caddy.ModuleInfo {
+func (Engine) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.handlers.mcp_serializer.state.storage",
-		New: func() caddy.Module { return new(StorageState) },
+		New: func() caddy.Module { return new(Engine) },
 	}
 }
 
 // Provision applies defaults, checks the settings (Validate), takes the
 // config's storage and starts the sweeper.
-func (s *StorageState) Provision(ctx caddy.Context) error {
+func (s *Engine) Provision(ctx caddy.Context) error {
 	if s.Timeout == 0 {
 		s.Timeout = caddy.Duration(defaultStorageTimeout)
 	}
@@ -99,7 +102,7 @@ func (s *StorageState) Provision(ctx caddy.Context) error {
 }
 
 // Validate refuses settings out of range, naming them.
-func (s *StorageState) Validate() error {
+func (s *Engine) Validate() error {
 	switch {
 	case s.Timeout < 0:
 		return fmt.Errorf("timeout must be positive, got %s", time.Duration(s.Timeout))
@@ -110,9 +113,9 @@ func (s *StorageState) Validate() error {
 }
 
 // start takes the storage and starts the sweeper.
-func (s *StorageState) start(storage certmagic.Storage, logger *zap.Logger) {
+func (s *Engine) start(storage certmagic.Storage, logger *zap.Logger) {
 	s.storage, s.logger = storage, logger
-	s.unreadableWarns = new(warnLimiter)
+	s.unreadableWarns = new(warnlimit.Limiter)
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -124,7 +127,7 @@ func (s *StorageState) start(storage certmagic.Storage, logger *zap.Logger) {
 // Cleanup stops the sweeper and waits for it, at most the call timeout: a
 // sweep in progress stops at its next storage call, but a hung storage
 // would hold a reload up for as long as it hangs.
-func (s *StorageState) Cleanup() error {
+func (s *Engine) Cleanup() error {
 	if s.stopSweeper == nil {
 		return nil
 	}
@@ -140,8 +143,12 @@ func (s *StorageState) Cleanup() error {
 	return nil
 }
 
+// Abilities: none beyond the calls; Caddy's storage has no atomic update
+// to keep a turn line with.
+func (s *Engine) Abilities() stateengine.Abilities { return stateengine.Abilities{} }
+
 // CallTimeout bounds each call.
-func (s *StorageState) CallTimeout() time.Duration { return time.Duration(s.Timeout) }
+func (s *Engine) CallTimeout() time.Duration { return time.Duration(s.Timeout) }
 
 // storedFact is the content of every fact file. Expires is when the fact
 // stops keeping the record alive; the record expires with its latest fact.
@@ -153,7 +160,7 @@ type storedFact struct {
 func recordDir(key string) string { return path.Join(storageSessions, key) }
 
 // Created writes the record of a new session.
-func (s *StorageState) Created(ctx context.Context, key string, initDeadline time.Time, ttl time.Duration) error {
+func (s *Engine) Created(ctx context.Context, key string, initDeadline time.Time, ttl time.Duration) error {
 	now := s.now()
 	return s.store(ctx, key, factCreated, storedFact{
 		InitDeadline: initDeadline,
@@ -162,24 +169,24 @@ func (s *StorageState) Created(ctx context.Context, key string, initDeadline tim
 }
 
 // InitializeEnded records that the initialize exchange ended.
-func (s *StorageState) InitializeEnded(ctx context.Context, key string, ttl time.Duration) error {
+func (s *Engine) InitializeEnded(ctx context.Context, key string, ttl time.Duration) error {
 	return s.add(ctx, key, factEnded, ttl)
 }
 
 // Opened records that the gate opened.
-func (s *StorageState) Opened(ctx context.Context, key string, ttl time.Duration) error {
+func (s *Engine) Opened(ctx context.Context, key string, ttl time.Duration) error {
 	return s.add(ctx, key, factOpen, ttl)
 }
 
 // Touch refreshes the record's expiry.
-func (s *StorageState) Touch(ctx context.Context, key string, ttl time.Duration) error {
+func (s *Engine) Touch(ctx context.Context, key string, ttl time.Duration) error {
 	return s.add(ctx, key, factTouched, ttl)
 }
 
 // add writes a fact to an existing record. A record forgotten between the
 // check and the write leaves a fact without "created", which reads as no
 // record and is swept once it expires: never a resurrected session.
-func (s *StorageState) add(ctx context.Context, key, fact string, ttl time.Duration) error {
+func (s *Engine) add(ctx context.Context, key, fact string, ttl time.Duration) error {
 	if _, err := s.storage.Stat(ctx, path.Join(recordDir(key), factCreated)); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
@@ -189,7 +196,7 @@ func (s *StorageState) add(ctx context.Context, key, fact string, ttl time.Durat
 	return s.store(ctx, key, fact, storedFact{Expires: s.now().Add(ttl)})
 }
 
-func (s *StorageState) store(ctx context.Context, key, fact string, f storedFact) error {
+func (s *Engine) store(ctx context.Context, key, fact string, f storedFact) error {
 	data, err := json.Marshal(f)
 	if err != nil {
 		return err
@@ -198,12 +205,12 @@ func (s *StorageState) store(ctx context.Context, key, fact string, f storedFact
 }
 
 // Forget removes the record, every fact at once.
-func (s *StorageState) Forget(ctx context.Context, key string) error {
+func (s *Engine) Forget(ctx context.Context, key string) error {
 	return s.storage.Delete(ctx, recordDir(key))
 }
 
 // Lookup reads the record's facts; an expired record is not found.
-func (s *StorageState) Lookup(ctx context.Context, key string) (serializer.Record, bool, error) {
+func (s *Engine) Lookup(ctx context.Context, key string) (serializer.Record, bool, error) {
 	facts, err := s.facts(ctx, recordDir(key))
 	if err != nil {
 		return serializer.Record{}, false, err
@@ -243,7 +250,7 @@ func (f recordFacts) expires() time.Time {
 
 // facts loads the facts present in a record's directory, stopping at a
 // missing "created" (no record).
-func (s *StorageState) facts(ctx context.Context, dir string) (recordFacts, error) {
+func (s *Engine) facts(ctx context.Context, dir string) (recordFacts, error) {
 	facts := recordFacts{}
 	for _, name := range []string{factCreated, factEnded, factOpen, factTouched} {
 		data, err := s.storage.Load(ctx, path.Join(dir, name))
@@ -265,7 +272,7 @@ func (s *StorageState) facts(ctx context.Context, dir string) (recordFacts, erro
 	return facts, nil
 }
 
-func (s *StorageState) sweepEvery(ctx context.Context, interval time.Duration) {
+func (s *Engine) sweepEvery(ctx context.Context, interval time.Duration) {
 	defer close(s.sweeperDone)
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -288,7 +295,7 @@ func (s *StorageState) sweepEvery(ctx context.Context, interval time.Duration) {
 // storage's lock, waiting no longer than the call timeout (another instance
 // sweeping is reason enough to skip a round), and skips the round when
 // another instance swept less than half an interval ago.
-func (s *StorageState) sweep(ctx context.Context, interval time.Duration) (removed int, err error) {
+func (s *Engine) sweep(ctx context.Context, interval time.Duration) (removed int, err error) {
 	lockCtx, cancel := context.WithTimeout(ctx, time.Duration(s.Timeout))
 	err = s.storage.Lock(lockCtx, storageSweepLock)
 	cancel()
@@ -321,7 +328,7 @@ func (s *StorageState) sweep(ctx context.Context, interval time.Duration) (remov
 		if unread == 0 {
 			return
 		}
-		if ok, suppressed := s.unreadableWarns.allow(s.now()); ok {
+		if ok, suppressed := s.unreadableWarns.Allow(s.now()); ok {
 			s.logger.Warn("removed shared session records whose facts could not be parsed",
 				zap.Int("removed", unread), zap.Duration("unchanged_for", unreadableFactAge),
 				zap.Int("suppressed", suppressed))
@@ -358,7 +365,7 @@ func (s *StorageState) sweep(ctx context.Context, interval time.Duration) (remov
 // unreadableFactAge after the file last changed. A record that cannot be
 // judged (a storage error, an unparsable fact of unknown age) is not
 // expired.
-func (s *StorageState) expired(ctx context.Context, dir string) (expired, unreadable bool) {
+func (s *Engine) expired(ctx context.Context, dir string) (expired, unreadable bool) {
 	facts := recordFacts{}
 	var latestUnreadable time.Time
 	for _, name := range []string{factCreated, factEnded, factOpen, factTouched} {
@@ -408,25 +415,25 @@ func latest(a, b time.Time) time.Time {
 //
 // Every setting is optional; defaults are applied in Provision. The
 // storage itself is Caddy's, set by the `storage` global option.
-func (s *StorageState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return eachSetting(d, func(setting, val string) (err error) {
+func (s *Engine) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return settings.Each(d, func(setting, val string) (err error) {
 		switch setting {
 		case "timeout":
-			s.Timeout, err = parseDuration(val)
+			s.Timeout, err = settings.Duration(val)
 		case "sweep_interval":
-			s.SweepInterval, err = parseDuration(val)
+			s.SweepInterval, err = settings.Duration(val)
 		default:
 			return d.Errf("unrecognized storage state setting %q", setting)
 		}
-		return endSetting(d, setting, err)
+		return settings.End(d, setting, err)
 	})
 }
 
 // Interface guards
 var (
-	_ StateEngine           = (*StorageState)(nil)
-	_ caddy.Provisioner     = (*StorageState)(nil)
-	_ caddy.Validator       = (*StorageState)(nil)
-	_ caddy.CleanerUpper    = (*StorageState)(nil)
-	_ caddyfile.Unmarshaler = (*StorageState)(nil)
+	_ stateengine.Engine    = (*Engine)(nil)
+	_ caddy.Provisioner     = (*Engine)(nil)
+	_ caddy.Validator       = (*Engine)(nil)
+	_ caddy.CleanerUpper    = (*Engine)(nil)
+	_ caddyfile.Unmarshaler = (*Engine)(nil)
 )

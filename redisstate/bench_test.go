@@ -1,4 +1,4 @@
-package caddymodule
+package redisstate
 
 import (
 	"bytes"
@@ -17,7 +17,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
 
 // BenchmarkSessionRecordsOnRedis is what the records of one session cost
@@ -29,15 +32,15 @@ import (
 // this process started, and the commands and reads (round trips) Redis
 // served.
 func BenchmarkSessionRecordsOnRedis(b *testing.B) {
-	addr := startRedis(b)
-	eng := loadEngine(b, nil, "redis", map[string]any{"address": []string{addr}}).(*RedisState)
+	addr := redistest.Start(b)
+	eng := enginetest.Load(b, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
 	probe := redis.NewClient(&redis.Options{Addr: addr})
 	b.Cleanup(func() { probe.Close() })
 	for _, c := range []struct {
 		name    string
 		clients int
 		work    time.Duration
-		engine  StateEngine
+		engine  stateengine.Engine
 	}{
 		{"sequential", 1, 0, eng},
 		{"concurrent", 64, 25 * time.Microsecond, eng},
@@ -50,7 +53,7 @@ func BenchmarkSessionRecordsOnRedis(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			cfg := serializer.Defaults()
 			if c.engine != nil {
-				cfg.Store = newSharedState(c.engine, time.Hour, zap.NewNop())
+				cfg.Store = enginetest.NewAdapter(c.engine, time.Hour, zap.NewNop())
 			}
 			table := serializer.NewTable(cfg)
 			defer table.Close()
@@ -101,20 +104,27 @@ func BenchmarkSessionRecordsOnRedis(b *testing.B) {
 // reaching no server; it knows no records.
 type answeringEngine struct{}
 
+func (e answeringEngine) Abilities() stateengine.Abilities {
+	return stateengine.Abilities{Batch: e.Writes}
+}
 func (answeringEngine) CallTimeout() time.Duration { return time.Second }
+
 func (answeringEngine) Created(context.Context, string, time.Time, time.Duration) error {
 	return nil
 }
+
 func (answeringEngine) InitializeEnded(context.Context, string, time.Duration) error { return nil }
 func (answeringEngine) Opened(context.Context, string, time.Duration) error          { return nil }
 func (answeringEngine) Touch(context.Context, string, time.Duration) error           { return nil }
 func (answeringEngine) Forget(context.Context, string) error                         { return nil }
+
 func (answeringEngine) Lookup(context.Context, string) (serializer.Record, bool, error) {
 	return serializer.Record{}, false, nil
 }
-func (answeringEngine) Writes(_ context.Context, ws []*stateWrite, _ time.Duration) {
+
+func (answeringEngine) Writes(_ context.Context, ws []*stateengine.Write, _ time.Duration) {
 	for _, w := range ws {
-		w.err = nil
+		w.Err = nil
 	}
 }
 
@@ -153,6 +163,20 @@ type costs struct {
 	commands, roundTrips int64
 }
 
+func (c costs) sub(o costs) costs {
+	return costs{c.selfCPU - o.selfCPU, c.redisCPU - o.redisCPU, c.goroutines - o.goroutines,
+		c.commands - o.commands, c.roundTrips - o.roundTrips}
+}
+
+func (c costs) report(b *testing.B) {
+	n := float64(b.N)
+	b.ReportMetric(float64(c.selfCPU.Microseconds())/n, "client-µs/session")
+	b.ReportMetric(float64(c.redisCPU.Microseconds())/n, "redis-µs/session")
+	b.ReportMetric(float64(c.goroutines)/n, "goroutines/session")
+	b.ReportMetric(float64(c.commands)/n, "commands/session")
+	b.ReportMetric(float64(c.roundTrips)/n, "roundtrips/session")
+}
+
 func takeCosts(t testing.TB, c *redis.Client) costs {
 	t.Helper()
 	var ru syscall.Rusage
@@ -174,20 +198,6 @@ func takeCosts(t testing.TB, c *redis.Client) costs {
 	res.commands -= probes
 	res.roundTrips -= probes
 	return res
-}
-
-func (c costs) sub(o costs) costs {
-	return costs{c.selfCPU - o.selfCPU, c.redisCPU - o.redisCPU, c.goroutines - o.goroutines,
-		c.commands - o.commands, c.roundTrips - o.roundTrips}
-}
-
-func (c costs) report(b *testing.B) {
-	n := float64(b.N)
-	b.ReportMetric(float64(c.selfCPU.Microseconds())/n, "client-µs/session")
-	b.ReportMetric(float64(c.redisCPU.Microseconds())/n, "redis-µs/session")
-	b.ReportMetric(float64(c.goroutines)/n, "goroutines/session")
-	b.ReportMetric(float64(c.commands)/n, "commands/session")
-	b.ReportMetric(float64(c.roundTrips)/n, "roundtrips/session")
 }
 
 // redisInfo reads the numeric fields of INFO.

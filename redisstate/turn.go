@@ -1,4 +1,4 @@
-package caddymodule
+package redisstate
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
 
 // Cluster turns on Redis (`order cluster`): one hash per session under
@@ -142,7 +143,7 @@ var scriptTurnStates = [...]serializer.TurnState{0: serializer.TurnWaiting, 1: s
 // announcePrefix marks an ask among the channel's messages.
 const announcePrefix = "want "
 
-func (r *RedisState) changedChannel() string { return r.KeyPrefix + "changed" }
+func (r *Engine) changedChannel() string { return r.KeyPrefix + "changed" }
 
 // turnAnswer is turnScript's answer.
 type turnAnswer struct {
@@ -151,7 +152,7 @@ type turnAnswer struct {
 }
 
 // runTurn runs turnScript for key at now (zero: the server's clock).
-func (r *RedisState) runTurn(ctx context.Context, key, op, token string, age, lease, claim time.Duration, nudge bool, now time.Time) (turnAnswer, error) {
+func (r *Engine) runTurn(ctx context.Context, key, op, token string, age, lease, claim time.Duration, nudge bool, now time.Time) (turnAnswer, error) {
 	at, again := "", "0"
 	if !now.IsZero() {
 		at = fmt.Sprint(now.UnixMilli())
@@ -178,42 +179,42 @@ func (r *RedisState) runTurn(ctx context.Context, key, op, token string, age, le
 
 // TakeTurn asks for the session key's turn under token, for a request
 // that arrived age ago.
-func (r *RedisState) TakeTurn(ctx context.Context, key, token string, age, lease, claim time.Duration) (serializer.TurnState, time.Duration, error) {
+func (r *Engine) TakeTurn(ctx context.Context, key, token string, age, lease, claim time.Duration) (serializer.TurnState, time.Duration, error) {
 	return r.takeAt(ctx, key, token, age, lease, claim, time.Time{})
 }
 
-func (r *RedisState) takeAt(ctx context.Context, key, token string, age, lease, claim time.Duration, now time.Time) (serializer.TurnState, time.Duration, error) {
+func (r *Engine) takeAt(ctx context.Context, key, token string, age, lease, claim time.Duration, now time.Time) (serializer.TurnState, time.Duration, error) {
 	v, err := r.runTurn(ctx, key, "take", token, age, lease, claim, false, now)
 	return scriptTurnStates[v.a], v.behind, err
 }
 
 // ClaimTurn says where token stands.
-func (r *RedisState) ClaimTurn(ctx context.Context, key, token string, age, lease, claim time.Duration, nudge bool) (serializer.TurnState, time.Duration, error) {
+func (r *Engine) ClaimTurn(ctx context.Context, key, token string, age, lease, claim time.Duration, nudge bool) (serializer.TurnState, time.Duration, error) {
 	return r.claimAt(ctx, key, token, age, lease, claim, nudge, time.Time{})
 }
 
-func (r *RedisState) claimAt(ctx context.Context, key, token string, age, lease, claim time.Duration, nudge bool, now time.Time) (serializer.TurnState, time.Duration, error) {
+func (r *Engine) claimAt(ctx context.Context, key, token string, age, lease, claim time.Duration, nudge bool, now time.Time) (serializer.TurnState, time.Duration, error) {
 	v, err := r.runTurn(ctx, key, "claim", token, age, lease, claim, nudge, now)
 	return scriptTurnStates[v.a], v.behind, err
 }
 
 // RenewTurn extends the holder's lease.
-func (r *RedisState) RenewTurn(ctx context.Context, key, token string, lease time.Duration) (bool, time.Duration, error) {
+func (r *Engine) RenewTurn(ctx context.Context, key, token string, lease time.Duration) (bool, time.Duration, error) {
 	return r.renewAt(ctx, key, token, lease, time.Time{})
 }
 
-func (r *RedisState) renewAt(ctx context.Context, key, token string, lease time.Duration, now time.Time) (bool, time.Duration, error) {
+func (r *Engine) renewAt(ctx context.Context, key, token string, lease time.Duration, now time.Time) (bool, time.Duration, error) {
 	v, err := r.runTurn(ctx, key, "renew", token, 0, lease, 0, false, now)
 	return v.a == 1, v.behind, err
 }
 
 // ReleaseTurn hands the turn on, or withdraws an ask.
-func (r *RedisState) ReleaseTurn(ctx context.Context, key, token string, claim time.Duration) error {
+func (r *Engine) ReleaseTurn(ctx context.Context, key, token string, claim time.Duration) error {
 	_, err := r.releaseAt(ctx, key, token, claim, time.Time{})
 	return err
 }
 
-func (r *RedisState) releaseAt(ctx context.Context, key, token string, claim time.Duration, now time.Time) (bool, error) {
+func (r *Engine) releaseAt(ctx context.Context, key, token string, claim time.Duration, now time.Time) (bool, error) {
 	v, err := r.runTurn(ctx, key, "release", token, 0, 0, claim, false, now)
 	return v.a == 1, err
 }
@@ -227,7 +228,7 @@ type announcements struct {
 }
 
 // announced records the outcome of a publish: 1 sent, -1 refused, 0 none.
-func (r *RedisState) announced(outcome int64) {
+func (r *Engine) announced(outcome int64) {
 	switch outcome {
 	case 1:
 		r.announcements.refused.Store(false)
@@ -239,11 +240,11 @@ func (r *RedisState) announced(outcome int64) {
 }
 
 // Announcing reports whether announcements go out and come in.
-func (r *RedisState) Announcing() bool {
+func (r *Engine) Announcing() bool {
 	return r.announcements.hearing.Load() && !r.announcements.refused.Load()
 }
 
-func (r *RedisState) warnRefused(what string) {
+func (r *Engine) warnRefused(what string) {
 	r.logger.Warn("Redis refuses this user the announcement channel; cluster turns work on by reading, "+
 		"handing each session's turn on after every exchange (grant the channel to make them free on a sticky front)",
 		zap.String("refused", what), zap.String("channel", r.changedChannel()),
@@ -254,7 +255,7 @@ func (r *RedisState) warnRefused(what string) {
 // that fails is made again after a pause: soon after a connection error,
 // rarely after an ACL refusal. What is announced meanwhile is lost, which
 // the table's backoff covers.
-func (r *RedisState) Watch(changed func(key, asker string, waited time.Duration)) (stop func()) {
+func (r *Engine) Watch(changed func(key, asker string, waited time.Duration)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	var current *redis.PubSub
@@ -294,7 +295,7 @@ const (
 
 // listen confirms sub's subscription, then passes its messages on until
 // it ends; it returns how long to pause before the next.
-func (r *RedisState) listen(ctx context.Context, sub *redis.PubSub, changed func(key, asker string, waited time.Duration)) time.Duration {
+func (r *Engine) listen(ctx context.Context, sub *redis.PubSub, changed func(key, asker string, waited time.Duration)) time.Duration {
 	if _, err := sub.ReceiveTimeout(ctx, 5*time.Second); err != nil {
 		if redis.HasErrorPrefix(err, "NOPERM") {
 			r.announcements.warned.Do(func() { r.warnRefused("subscribe") })
@@ -322,4 +323,4 @@ func parseAnnouncement(msg string) (key, asker string, waited time.Duration) {
 	return key, asker, time.Duration(max(ms, 0)) * time.Millisecond
 }
 
-var _ TurnEngine = (*RedisState)(nil)
+var _ stateengine.TurnKeeper = (*Engine)(nil)

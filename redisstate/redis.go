@@ -1,4 +1,4 @@
-package caddymodule
+package redisstate
 
 import (
 	"context"
@@ -18,11 +18,13 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/settings"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
 
 func init() {
-	caddy.RegisterModule(RedisState{})
+	caddy.RegisterModule(Engine{})
 }
 
 const (
@@ -31,10 +33,10 @@ const (
 	defaultRedisTimeout   = 250 * time.Millisecond
 )
 
-// RedisState shares session records through Redis (or Valkey): one hash
+// Engine shares session records through Redis (or Valkey): one hash
 // per session under key_prefix + the SHA-256 of its id, with fields open,
 // deadline (unix ms) and inflight, expiring after session_ttl.
-type RedisState struct {
+type Engine struct {
 	// host:port of the server. Several addresses are the seed nodes of a
 	// Redis Cluster. Placeholders such as {env.REDIS_ADDR} are resolved.
 	// Default: 127.0.0.1:6379 (none with sentinel).
@@ -79,14 +81,14 @@ type RedisState struct {
 	client        redis.UniversalClient
 	poolKey       string
 	logger        *zap.Logger
-	announcements *announcements // stateredisturn.go
+	announcements *announcements // turn.go
 }
 
 // CaddyModule returns the Caddy module information.
-func (RedisState) CaddyModule() caddy.ModuleInfo {
+func (Engine) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
 		ID:  "http.handlers.mcp_serializer.state.redis",
-		New: func() caddy.Module { return new(RedisState) },
+		New: func() caddy.Module { return new(Engine) },
 	}
 }
 
@@ -121,7 +123,7 @@ func (c pooledRedis) Destruct() error { return c.Close() }
 // placeholders and attaches to the shared client for these connection
 // settings. It does not connect: an engine that is down at start degrades
 // the handler, it does not stop Caddy.
-func (r *RedisState) Provision(ctx caddy.Context) error {
+func (r *Engine) Provision(ctx caddy.Context) error {
 	r.logger, r.announcements = ctx.Logger(), new(announcements)
 	if len(r.Address) == 0 && len(r.Sentinel) == 0 && !r.Cluster {
 		r.Address = []string{defaultRedisAddress}
@@ -185,12 +187,12 @@ func (r *RedisState) Provision(ctx caddy.Context) error {
 }
 
 // clusterClient tells whether the settings name a Redis Cluster.
-func (r *RedisState) clusterClient() bool { return r.Cluster || len(r.Address) > 1 }
+func (r *Engine) clusterClient() bool { return r.Cluster || len(r.Address) > 1 }
 
 // Validate refuses settings out of range or that cannot go together,
 // naming them: one way to find the server, and a client certificate with
 // its key.
-func (r *RedisState) Validate() error {
+func (r *Engine) Validate() error {
 	switch {
 	case len(r.Sentinel) > 0 && len(r.Address) > 0:
 		return errors.New("sentinel and address together: with sentinel, give the sentinels' addresses only (the master is found through them)")
@@ -278,7 +280,7 @@ func (c redisConn) options() (*redis.UniversalOptions, error) {
 
 // Cleanup releases this config's hold on the shared client; it closes
 // when no config uses it.
-func (r *RedisState) Cleanup() error {
+func (r *Engine) Cleanup() error {
 	if r.poolKey == "" {
 		return nil
 	}
@@ -286,8 +288,14 @@ func (r *RedisState) Cleanup() error {
 	return err
 }
 
+// Abilities: writes in batches (one pipeline), and cluster turns with
+// announcements.
+func (r *Engine) Abilities() stateengine.Abilities {
+	return stateengine.Abilities{Batch: r.Writes, Turns: r}
+}
+
 // CallTimeout bounds each call.
-func (r *RedisState) CallTimeout() time.Duration { return time.Duration(r.Timeout) }
+func (r *Engine) CallTimeout() time.Duration { return time.Duration(r.Timeout) }
 
 // createScript writes a fresh record. KEYS[1] the record; ARGV: init
 // deadline (unix ms), the record's life (ms, serializer.RecordTTL's).
@@ -324,32 +332,32 @@ return 1
 
 // Created writes the record of a new session. The adapter sends the
 // writes in batches (Writes); one on its own is a batch of one.
-func (r *RedisState) Created(ctx context.Context, key string, initDeadline time.Time, ttl time.Duration) error {
-	return r.write(ctx, &stateWrite{op: opCreated, key: key, deadline: initDeadline}, ttl)
+func (r *Engine) Created(ctx context.Context, key string, initDeadline time.Time, ttl time.Duration) error {
+	return r.write(ctx, &stateengine.Write{Op: stateengine.OpCreated, Key: key, Deadline: initDeadline}, ttl)
 }
 
 // InitializeEnded clears the record's in-flight mark.
-func (r *RedisState) InitializeEnded(ctx context.Context, key string, ttl time.Duration) error {
-	return r.write(ctx, &stateWrite{op: opInitializeEnded, key: key}, ttl)
+func (r *Engine) InitializeEnded(ctx context.Context, key string, ttl time.Duration) error {
+	return r.write(ctx, &stateengine.Write{Op: stateengine.OpInitializeEnded, Key: key}, ttl)
 }
 
 // Opened marks the record open.
-func (r *RedisState) Opened(ctx context.Context, key string, ttl time.Duration) error {
-	return r.write(ctx, &stateWrite{op: opOpened, key: key}, ttl)
+func (r *Engine) Opened(ctx context.Context, key string, ttl time.Duration) error {
+	return r.write(ctx, &stateengine.Write{Op: stateengine.OpOpened, Key: key}, ttl)
 }
 
 // Touch refreshes the record's expiry.
-func (r *RedisState) Touch(ctx context.Context, key string, ttl time.Duration) error {
-	return r.write(ctx, &stateWrite{op: opTouch, key: key}, ttl)
+func (r *Engine) Touch(ctx context.Context, key string, ttl time.Duration) error {
+	return r.write(ctx, &stateengine.Write{Op: stateengine.OpTouch, Key: key}, ttl)
 }
 
 // Forget removes the record.
-func (r *RedisState) Forget(ctx context.Context, key string) error {
-	return r.write(ctx, &stateWrite{op: opForget, key: key}, 0)
+func (r *Engine) Forget(ctx context.Context, key string) error {
+	return r.write(ctx, &stateengine.Write{Op: stateengine.OpForget, Key: key}, 0)
 }
 
 // Lookup reads the record.
-func (r *RedisState) Lookup(ctx context.Context, key string) (serializer.Record, bool, error) {
+func (r *Engine) Lookup(ctx context.Context, key string) (serializer.Record, bool, error) {
 	vals, err := r.client.HMGet(ctx, r.KeyPrefix+key, "open", "deadline", "inflight").Result()
 	if err != nil {
 		return serializer.Record{}, false, err
@@ -394,14 +402,14 @@ func (r *RedisState) Lookup(ctx context.Context, key string) (serializer.Record,
 //
 // Every setting is optional and given once; defaults are applied in
 // Provision, which refuses settings that cannot go together.
-func (r *RedisState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (r *Engine) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // engine name
 	r.Address = append(r.Address, d.RemainingArgs()...)
-	seen := settingsSeen{}
+	seen := settings.Seen{}
 	tlsOff := false
 	for d.NextBlock(0) {
 		setting := d.Val()
-		if err := seen.once(d, setting); err != nil {
+		if err := seen.Once(d, setting); err != nil {
 			return err
 		}
 		var err error
@@ -438,12 +446,12 @@ func (r *RedisState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			case setting == "db":
 				r.DB, err = strconv.Atoi(val)
 			case setting == "timeout":
-				r.Timeout, err = parseDuration(val)
+				r.Timeout, err = settings.Duration(val)
 			default:
 				return d.Errf("unrecognized redis state setting %q", setting)
 			}
 		}
-		if err := endSetting(d, setting, err); err != nil {
+		if err := settings.End(d, setting, err); err != nil {
 			return err
 		}
 	}
@@ -458,7 +466,7 @@ func (r *RedisState) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 // textSettings are the settings whose value is kept as written.
-func (r *RedisState) textSettings() map[string]*string {
+func (r *Engine) textSettings() map[string]*string {
 	return map[string]*string{
 		"username": &r.Username, "password": &r.Password, "master_name": &r.MasterName,
 		"sentinel_username": &r.SentinelUsername, "sentinel_password": &r.SentinelPassword,
@@ -479,10 +487,10 @@ func parseOnOff(s string) (bool, error) {
 
 // Interface guards
 var (
-	_ StateEngine           = (*RedisState)(nil)
-	_ caddy.Provisioner     = (*RedisState)(nil)
-	_ caddy.Validator       = (*RedisState)(nil)
-	_ caddy.CleanerUpper    = (*RedisState)(nil)
-	_ caddyfile.Unmarshaler = (*RedisState)(nil)
+	_ stateengine.Engine    = (*Engine)(nil)
+	_ caddy.Provisioner     = (*Engine)(nil)
+	_ caddy.Validator       = (*Engine)(nil)
+	_ caddy.CleanerUpper    = (*Engine)(nil)
+	_ caddyfile.Unmarshaler = (*Engine)(nil)
 	_ caddy.Destructor      = pooledRedis{}
 )

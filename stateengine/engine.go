@@ -1,0 +1,124 @@
+// Package stateengine is what the mcp_serializer handler and its state
+// engines agree on: the Engine interface the engines (packages redisstate
+// and storagestate) implement, the Abilities an engine declares beyond it,
+// and the Adapter that makes an engine the session table's
+// serializer.Store, with bounds, failure counts and batching that no
+// engine has to write again.
+package stateengine
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+// Namespace is the Caddy module namespace of the state engines: an
+// engine registers as Namespace + "." + its name.
+const Namespace = "http.handlers.mcp_serializer.state"
+
+// Engine is implemented by the modules of Namespace (redis, storage): an
+// engine the handler shares session records through, so that several
+// Caddy instances gate the same session.
+//
+// Every call goes through one Adapter that hashes the session id, bounds
+// the call and counts failures, so an engine sees keys only: the hex
+// SHA-256 of a session id, never the id. Writes carry ttl, the handler's
+// session_ttl: a record lives that long after its last write, and an
+// initializing record at least until its init deadline
+// (serializer.RecordTTL). It comes with each call rather than at
+// provision because the table, and so the ttl, is reconfigured in place
+// on reload.
+type Engine interface {
+	// Abilities says what the engine can do beyond these calls.
+	Abilities() Abilities
+	// CallTimeout bounds each call; the adapter enforces it even on an
+	// engine that does not honour its context.
+	CallTimeout() time.Duration
+	// Created writes a record: initializing, initialize exchange in
+	// flight, gated until initDeadline.
+	Created(ctx context.Context, key string, initDeadline time.Time, ttl time.Duration) error
+	// InitializeEnded clears the in-flight mark. Updates never regress a
+	// record (an open record stays open) and never recreate a missing one.
+	InitializeEnded(ctx context.Context, key string, ttl time.Duration) error
+	// Opened marks the record open.
+	Opened(ctx context.Context, key string, ttl time.Duration) error
+	// Touch refreshes the record's expiry.
+	Touch(ctx context.Context, key string, ttl time.Duration) error
+	// Forget removes the record.
+	Forget(ctx context.Context, key string) error
+	// Lookup reads the record; found is false when it is missing or
+	// expired.
+	Lookup(ctx context.Context, key string) (rec serializer.Record, found bool, err error)
+}
+
+// Abilities is what an engine can do beyond one call per write and
+// lookup. The zero value is an engine that can do nothing more.
+type Abilities struct {
+	// Batch, when set, sends several writes in one exchange with the
+	// server (redis: one pipeline, one round trip), in their order,
+	// setting each one's Err; it honours ctx. The adapter then gathers
+	// the writes of concurrent calls into one batch, and takes a
+	// session's later writes with nobody waiting for them.
+	Batch func(ctx context.Context, ws []*Write, ttl time.Duration)
+	// Turns, when set, keeps cluster turns and announces changes to
+	// every instance: what `order cluster` needs. Caddy's storage has no
+	// atomic update to keep a turn line with, so its engine has none.
+	Turns TurnKeeper
+}
+
+// TurnKeeper keeps cluster turns by key (serializer.TurnStore, with keys
+// instead of ids) and announces changes to every instance
+// (serializer.Watcher).
+type TurnKeeper interface {
+	TakeTurn(ctx context.Context, key, token string, age, lease, claim time.Duration) (serializer.TurnState, time.Duration, error)
+	ClaimTurn(ctx context.Context, key, token string, age, lease, claim time.Duration, nudge bool) (serializer.TurnState, time.Duration, error)
+	RenewTurn(ctx context.Context, key, token string, lease time.Duration) (held bool, behind time.Duration, err error)
+	ReleaseTurn(ctx context.Context, key, token string, claim time.Duration) error
+	// Watch calls changed for every announcement (serializer.Watcher).
+	Watch(changed func(key, asker string, waited time.Duration)) (stop func())
+	// Announcing reports whether announcements work (an ACL may deny the
+	// channel).
+	Announcing() bool
+}
+
+// Op is one call to an engine, the value of the op label of
+// caddy_mcp_serializer_state_errors_total.
+type Op uint8
+
+const (
+	OpCreated Op = iota
+	OpInitializeEnded
+	OpOpened
+	OpTouch
+	OpForget
+	OpLookup
+	// Cluster turns.
+	OpTake
+	OpClaim
+	OpRenew
+	OpRelease
+	NumOps
+)
+
+var opNames = [NumOps]string{"created", "initialize_ended", "opened", "touch", "forget", "lookup",
+	"take", "claim", "renew", "release"}
+
+func (o Op) String() string { return opNames[o] }
+
+// Write is one write of a batch (Abilities.Batch).
+type Write struct {
+	Op       Op // OpCreated, OpInitializeEnded, OpOpened, OpTouch or OpForget
+	Key      string
+	Deadline time.Time // OpCreated's init deadline
+	Announce bool      // OpOpened: tell every instance (order cluster)
+	Err      error     // the engine's answer
+
+	// The adapter's, while the write waits for its batch.
+	state  atomic.Uint32 // writeQueued, then writeSent or writeAbandoned
+	done   chan struct{} // closed once the engine answered, or the write was left out; nil: nobody waits
+	after  func()        // nil, or run at that moment
+	id     string        // with no waiter: the session, for the failure's log line
+	failed func()        // with no waiter: called if the write fails, for the table to send it again
+}
