@@ -160,10 +160,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	cfg.Events = newEvents(h.logger)
 	if h.engine != nil {
 		shared := stateengine.NewAdapter(h.engine, cfg.SessionTTL, h.logger, metrics.stateErrors)
-		cfg.Store, cfg.StoreTimeout = shared, h.engine.CallTimeout()
 		if h.Order == orderCluster {
-			cluster := stateengine.NewCluster(shared, h.engine.Abilities().Turns)
-			cfg.Store, cfg.Turns = cluster, cluster
+			stateengine.NewCluster(shared, h.engine.Abilities().Turns).Configure(&cfg)
+		} else {
+			shared.Configure(&cfg)
 		}
 	}
 

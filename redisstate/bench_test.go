@@ -53,7 +53,7 @@ func BenchmarkSessionRecordsOnRedis(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			cfg := serializer.Defaults()
 			if c.engine != nil {
-				cfg.Store = enginetest.NewAdapter(c.engine, time.Hour, zap.NewNop())
+				enginetest.NewAdapter(c.engine, time.Hour, zap.NewNop()).Configure(&cfg)
 			}
 			table := serializer.NewTable(cfg)
 			defer table.Close()

@@ -91,7 +91,7 @@ func TestRedisRecordFollowsASessionThroughQueuedWrites(t *testing.T) {
 	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
 	store := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
 	cfg := serializer.Defaults()
-	cfg.Store = store
+	store.Configure(&cfg)
 	table := serializer.NewTable(cfg)
 	defer table.Close()
 	ctx := context.Background()

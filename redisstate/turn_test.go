@@ -166,11 +166,12 @@ func BenchmarkSessionRequestOnRedis(b *testing.B) {
 	newTable := func(b *testing.B, order string) *serializer.Table {
 		shared := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
 		cfg := serializer.Defaults()
-		cfg.Store, cfg.StoreTimeout = shared, time.Second
 		if order == "cluster" {
-			cluster := stateengine.NewCluster(shared, eng)
-			cfg.Store, cfg.Turns = cluster, cluster
+			stateengine.NewCluster(shared, eng).Configure(&cfg)
+		} else {
+			shared.Configure(&cfg)
 		}
+		cfg.StoreTimeout = time.Second
 		tab := serializer.NewTable(cfg)
 		b.Cleanup(tab.Close)
 		return tab
@@ -224,7 +225,8 @@ func BenchmarkTurnHandOnOnRedisCluster(b *testing.B) {
 		shared := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
 		cluster := stateengine.NewCluster(shared, eng)
 		cfg := serializer.Defaults()
-		cfg.Store, cfg.Turns, cfg.StoreTimeout = cluster, cluster, time.Second
+		cluster.Configure(&cfg)
+		cfg.StoreTimeout = time.Second
 		tab := serializer.NewTable(cfg)
 		b.Cleanup(tab.Close)
 		tabs = append(tabs, tab)
@@ -415,7 +417,7 @@ func TestClusterTurnsMoveWithoutChannelRights(t *testing.T) {
 		shared := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
 		cluster := stateengine.NewCluster(shared, eng)
 		cfg := serializer.Defaults()
-		cfg.Store, cfg.Turns, cfg.StoreTimeout = cluster, cluster, eng.CallTimeout()
+		cluster.Configure(&cfg)
 		tab := serializer.NewTable(cfg)
 		t.Cleanup(tab.Close)
 		tabs = append(tabs, tab)
@@ -513,7 +515,7 @@ func TestRedisEngineRunsAsTheLeastPrivilegedUser(t *testing.T) {
 	for range 2 {
 		cluster := stateengine.NewCluster(enginetest.NewAdapter(eng, time.Hour, zap.New(core)), eng)
 		cfg := serializer.Defaults()
-		cfg.Store, cfg.Turns, cfg.StoreTimeout = cluster, cluster, eng.CallTimeout()
+		cluster.Configure(&cfg)
 		tab := serializer.NewTable(cfg)
 		t.Cleanup(tab.Close)
 		tabs = append(tabs, tab)

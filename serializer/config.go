@@ -60,8 +60,17 @@ type Config struct {
 	// requests of a session unknown here at most this long (and at most
 	// QueueTimeout/2) for its lookup. Nothing else waits on the store.
 	StoreTimeout time.Duration
+	// What the Store can do beyond its calls, each nil if nothing. They
+	// need a Store; they are usually the Store itself.
+	//
+	// Writes takes a session's later writes without anyone waiting
+	// (writes.go): the table needs no goroutine per session to send them.
+	Writes WriteQueue
+	// Watcher announces changes made by any instance (remote.go): a wait
+	// on another instance then ends at once, not at the next read.
+	Watcher Watcher
 	// Turns orders each session's requests across instances (turn.go);
-	// nil keeps the order on this instance only. It needs a Store.
+	// nil keeps the order on this instance only.
 	Turns TurnStore
 }
 
@@ -95,8 +104,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("session_ttl must be positive, got %s", c.SessionTTL)
 	case c.StoreTimeout <= 0:
 		return fmt.Errorf("store_timeout must be positive, got %s", c.StoreTimeout)
-	case c.Turns != nil && c.Store == nil:
-		return fmt.Errorf("cluster turns need a Store")
+	case (c.Turns != nil || c.Writes != nil || c.Watcher != nil) && c.Store == nil:
+		return fmt.Errorf("cluster turns, queued writes and announcements need a Store")
 	case c.Turns != nil && c.StoreTimeout > MaxTurnStoreTimeout:
 		return fmt.Errorf("store_timeout must be at most %s with cluster turns, got %s: "+
 			"a turn's holder must have time to renew its lease twice before it stops its exchange", MaxTurnStoreTimeout, c.StoreTimeout)

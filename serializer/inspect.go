@@ -100,8 +100,8 @@ func (s *Session) status(now time.Time, lastUsed int64) SessionStatus {
 	st := SessionStatus{
 		ID:        s.id,
 		Gate:      s.gate.public(),
-		InFlight:  s.inFlight,
-		Streaming: s.streaming,
+		InFlight:  s.slot != slotFree,
+		Streaming: s.slot == slotStreaming,
 		Waiting:   len(s.waiting),
 	}
 	s.mu.Unlock()

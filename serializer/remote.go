@@ -10,7 +10,7 @@ import (
 // notifications/initialized was acknowledged there), or a cluster turn
 // handed on there (see turn.go). Every such wait re-reads the shared state
 // with a short backoff, so it ends within remoteMaxBackoff of the change;
-// a Store that is also a Watcher announces changes, which ends the wait at
+// a Watcher (Config.Watcher) announces changes, which ends the wait at
 // once. A lost announcement costs a backoff, never a stuck request, and a
 // session that no request holds costs nothing.
 
@@ -22,8 +22,9 @@ const (
 	remoteMaxBackoff   = 100 * time.Millisecond
 )
 
-// Watcher is a Store that announces changes made by any instance: a record
-// opened, a session's cluster turn asked for or handed on.
+// Watcher announces changes made by any instance to the Store
+// (Config.Watcher): a record opened, a session's cluster turn asked for or
+// handed on.
 type Watcher interface {
 	// Watch calls changed for each announcement until stop is called: key
 	// is the StoreKey of the session whose shared state changed; asker the
@@ -44,9 +45,8 @@ type Watcher interface {
 type remoteWaits struct {
 	mu       sync.Mutex
 	sessions map[string]*remoteWait
-	stop     func() // ends the watch of the Store below
-	watching Store
-	watcher  Watcher // watching, if it is one
+	stop     func()  // ends the watch of watcher
+	watcher  Watcher // Config.Watcher, as last configured
 }
 
 type remoteWait struct {
@@ -54,28 +54,27 @@ type remoteWait struct {
 	count int // waits on s in progress
 }
 
-// watch starts announcements from store if it is a Watcher, ending those
-// of a Store watched before. Called by Configure. The old watch is stopped
+// watch starts announcements from w (Config.Watcher), ending those of a
+// Watcher watched before. Called by Configure. The old watch is stopped
 // outside the lock: stopping waits for an announcement being delivered,
 // which takes the lock.
-func (t *Table) watch(store Store) {
+func (t *Table) watch(w Watcher) {
 	r := &t.remote
 	r.mu.Lock()
-	if store == r.watching {
+	if w == r.watcher {
 		r.mu.Unlock()
 		return
 	}
 	old := r.stop
-	r.watching, r.stop = store, nil
-	r.watcher, _ = store.(Watcher)
+	r.watcher, r.stop = w, nil
 	r.mu.Unlock()
 	if old != nil {
 		old()
 	}
-	if w, ok := store.(Watcher); ok {
+	if w != nil {
 		stop := w.Watch(t.changedElsewhere)
 		r.mu.Lock()
-		if r.watching == store {
+		if r.watcher == w {
 			r.stop, stop = stop, nil
 		}
 		r.mu.Unlock()

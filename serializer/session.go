@@ -41,21 +41,19 @@ type Session struct {
 	list       *sessionList
 	prev, next *Session
 
-	mu        sync.Mutex
-	inFlight  bool      // a request holds the slot
-	streaming bool      // and its response is an event stream
-	waiting   []*waiter // arrival order, held ones included
-	initGate            // written in gate.go only
+	mu       sync.Mutex
+	slot     slotState // written in slot.go only
+	waiting  []*waiter // arrival order, held ones included; slot.go only
+	initGate           // written in gate.go only
 
 	// With a Store only.
 	writes  []storeOp     // Store writes not sent yet, in order
 	writing bool          // a goroutine is sending writes
 	changed chan struct{} // closed when another instance announces a change (remote.go)
 
-	// With cluster turns only (turn.go).
+	// With cluster turns only, written in turn.go only.
 	clusterGrant *turnGrant // the session's cluster turn, while this instance holds it
-	askingTurn   bool       // the request in the slot waits for the cluster turn
-	askToken     string     // its token
+	askToken     string     // the token the slot's holder asks for it under
 	wantHeard    time.Time  // when another instance's ask was heard meanwhile
 }
 
@@ -89,8 +87,7 @@ func (t Turn) Streaming() {
 	}
 	s := t.s
 	s.mu.Lock()
-	s.streaming = true
-	s.dispatch()
+	s.responseStreams()
 	s.mu.Unlock()
 }
 
@@ -102,28 +99,41 @@ func (t Turn) Done(status int) {
 		return
 	}
 	ok := status >= 200 && status < 300
-	s.mu.Lock()
-	handOn := t.grant != nil && s.grantEnded(t.grant)
-	if !t.overtake {
-		s.inFlight, s.streaming = false, false
-	}
-	if t.begins {
-		s.record(opInitializeEnded)
-	}
-	if ok && t.traits.Has(CarriesInitialized) {
-		s.initializedAcknowledged()
-	}
-	s.dispatch()
-	s.mu.Unlock()
-	if handOn {
-		s.releaseGrant(t.grant)
-	}
+	t.end(func() {
+		if t.begins {
+			s.record(opInitializeEnded)
+		}
+		if ok && t.traits.Has(CarriesInitialized) {
+			s.initializedAcknowledged()
+		}
+	})
 	// A key's queue has no session upstream to end: its requests keep
 	// their order whatever the answer.
 	if !s.keyed && (status == 404 || (ok && t.traits.Has(EndsSession))) {
 		s.table.drop(s)
 	}
 	s.unref()
+}
+
+// release gives the slot back without any effect of an upstream answer.
+func (t Turn) release() { t.end(nil) }
+
+// end ends the turn's exchange: its cluster turn handed on if another
+// instance waits for it, answered's effects on the session (nil: none),
+// and the slot passed on.
+func (t Turn) end(answered func()) {
+	s := t.s
+	s.mu.Lock()
+	// Before the slot passes on: whether to hand on depends on who is next.
+	handOn := t.grant != nil && s.grantEnded(t.grant)
+	if answered != nil {
+		answered()
+	}
+	s.exchangeEnded(t.overtake)
+	s.mu.Unlock()
+	if handOn {
+		s.releaseGrant(t.grant)
+	}
 }
 
 // Clustered reports whether the turn runs under a cluster turn, which may
@@ -153,13 +163,9 @@ func (t Turn) StopOnLapse(stop func()) {
 // Overtook reports whether the turn went ahead of the in-flight exchange.
 func (t Turn) Overtook() bool { return t.overtake }
 
-// canOvertake reports whether a request may run beside the one in the
-// slot: replies, while that one streams (it may wait for them) or waits
-// for its cluster turn (which an exchange they answer may hold).
-func (s *Session) canOvertake(t Traits) bool {
-	return t.Has(RepliesOnly) && s.inFlight && (s.streaming || s.askingTurn) && s.gate == gateOpen
-}
-
+// enter waits for the request's turn in s: at once, beside the slot's
+// holder, or in the line until dispatch grants it, queue_timeout passes
+// or ctx ends.
 func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, arrival time.Time) (Turn, error) {
 	cfg := s.table.config()
 	if err := ctx.Err(); err != nil {
@@ -167,25 +173,19 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, arr
 	}
 	s.mu.Lock()
 	s.synthesizerOffered(src)
-	// dispatch keeps "slot free and an admitted request waiting" from ever
-	// lasting, so a free slot means nobody admitted is ahead of us.
-	switch {
-	case s.canOvertake(traits):
+	switch a, err := s.requestArrived(traits, cfg.MaxQueue); {
+	case err != nil:
+		s.mu.Unlock()
+		return Turn{}, err
+	case a == arrivalOvertakes:
 		s.mu.Unlock()
 		return Turn{s: s, traits: traits, overtake: true}, nil
-	case s.gate == gateRejecting && !traits.Has(CarriesInitialized):
-		s.mu.Unlock()
-		return Turn{}, ErrNotInitialized
-	case !s.inFlight && s.admits(traits):
-		s.inFlight = true
+	case a == arrivalTakesSlot:
 		s.mu.Unlock()
 		return Turn{s: s, traits: traits}, nil
-	case len(s.waiting) >= cfg.MaxQueue:
-		s.mu.Unlock()
-		return Turn{}, ErrQueueFull
 	}
 	w := &waiter{traits: traits, src: src, arrived: arrival, ready: make(chan struct{})}
-	s.waiting = append(s.waiting, w)
+	s.waitInLine(w)
 	held := !s.admits(traits) && !s.lookingUp
 	if held {
 		s.watchGateIfHeld()
@@ -196,11 +196,11 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, arr
 	}
 
 	start := s.table.clock.Now()
-	stop := s.table.clock.AfterFunc(cfg.QueueTimeout, func() { s.decide(w, ErrQueueTimeout) })
+	stop := s.table.clock.AfterFunc(cfg.QueueTimeout, func() { s.stopWaiting(w, ErrQueueTimeout) })
 	select {
 	case <-w.ready:
 	case <-ctx.Done():
-		s.decide(w, ctx.Err())
+		s.stopWaiting(w, ctx.Err())
 	}
 	stop()
 	if w.err == nil && ctx.Err() != nil {
@@ -213,93 +213,6 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, arr
 		return Turn{waited: waited, held: held}, w.err // for logs only
 	}
 	return Turn{s: s, traits: traits, overtake: w.overtake, waited: waited, held: held}, nil
-}
-
-// release gives the slot back without any effect of an upstream answer.
-func (t Turn) release() {
-	s := t.s
-	s.mu.Lock()
-	handOn := t.grant != nil && s.grantEnded(t.grant)
-	if !t.overtake {
-		s.inFlight, s.streaming = false, false
-	}
-	s.dispatch()
-	s.mu.Unlock()
-	if handOn {
-		s.releaseGrant(t.grant)
-	}
-}
-
-// decide settles w with err unless it was settled already, and waits until
-// it is, so the caller can read w's outcome.
-func (s *Session) decide(w *waiter, err error) {
-	s.mu.Lock()
-	for i, x := range s.waiting {
-		if x == w {
-			s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
-			w.err = err
-			close(w.ready)
-			break
-		}
-	}
-	s.mu.Unlock()
-	<-w.ready
-}
-
-// grant removes waiting[i] and gives it a turn. Caller holds s.mu.
-func (s *Session) grant(i int, overtake bool) {
-	w := s.waiting[i]
-	s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
-	w.overtake = overtake
-	if !overtake {
-		s.inFlight = true
-	}
-	close(w.ready)
-}
-
-// dispatch hands out whatever turns the session's state allows. Caller
-// holds s.mu; it runs after every change of that state.
-func (s *Session) dispatch() {
-	if s.gate == gateRejecting {
-		kept := s.waiting[:0]
-		for _, w := range s.waiting {
-			if w.traits.Has(CarriesInitialized) {
-				kept = append(kept, w)
-				continue
-			}
-			w.err = ErrNotInitialized
-			close(w.ready)
-		}
-		clear(s.waiting[len(kept):])
-		s.waiting = kept
-	}
-	for i := 0; i < len(s.waiting); {
-		w := s.waiting[i]
-		switch {
-		case s.canOvertake(w.traits):
-			s.grant(i, true)
-		case !s.inFlight && s.admits(w.traits):
-			s.grant(i, false)
-		default:
-			i++
-		}
-		if s.inFlight && !s.streaming {
-			return // nothing else can go until the slot is free
-		}
-	}
-}
-
-// answerAll answers every waiting request with err and returns how many
-// there were. Caller holds s.mu.
-func (s *Session) answerAll(err error) int {
-	n := len(s.waiting)
-	for _, w := range s.waiting {
-		w.err = err
-		close(w.ready)
-	}
-	clear(s.waiting)
-	s.waiting = nil
-	return n
 }
 
 // ID returns the session id. It is a credential: hash it before logging.

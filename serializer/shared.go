@@ -5,20 +5,10 @@ import (
 	"time"
 )
 
-// What a table does with a Store, beside Begin's Created: the later writes
-// of a session, the lookup of an id met first through a request, the check
-// before acting at init_timeout, and the refresh of live records. None of
-// it runs for a table without a Store.
-
-// storeOp is a write to the Store queued by a session, in the order a
-// session makes them: each includes the ones before it (strongestWrite).
-type storeOp uint8
-
-const (
-	opInitializeEnded storeOp = iota
-	opOpened
-	opForget
-)
+// What a table reads from a Store: the lookup of an id met first through a
+// request, the check before acting at init_timeout, and the refresh of
+// live records (the writes are in writes.go). None of it runs for a table
+// without a Store.
 
 // Backoff between lookups of a record whose initialize exchange is still
 // in flight on another instance: short, since an initialize answer takes
@@ -31,91 +21,6 @@ const (
 // touchFailuresToStop ends a round of Touch early: a store that failed
 // this many calls in a row is down, and the next round will try again.
 const touchFailuresToStop = 3
-
-// record queues a write of s's state to the Store, if there is one: to a
-// store that queues writes itself, at once (WriteQueue); to any other,
-// from one goroutine per session, one at a time and in the order queued,
-// so the store never sees Opened or Forget before the Created and
-// InitializeEnded that came first here; writes queued while another is
-// sent go as the one that does all they do (strongestWrite). Caller holds
-// s.mu.
-func (s *Session) record(op storeOp) {
-	cfg := s.table.config()
-	if cfg.Store == nil || s.queueWrite(cfg, op) {
-		return
-	}
-	s.writes = append(s.writes, op)
-	if !s.writing {
-		s.writing = true
-		go s.sendWrites(0)
-	}
-}
-
-// sendWrites sends s's queued writes until none is left, the first after
-// waiting wait (a write that already failed once). A write that fails is
-// tried again after a pause for as long as init_timeout: the other
-// instances hold the session's follow-ups that long waiting for its
-// Opened, so a write that outlasts a Redis failover still frees them.
-func (s *Session) sendWrites(wait time.Duration) {
-	paused, pause := wait, wait // since the write last succeeded; the last pause
-	for {
-		if wait > 0 && !s.table.sleep(wait) {
-			s.mu.Lock()
-			s.writing = false // the table closed
-			s.mu.Unlock()
-			return
-		}
-		s.mu.Lock()
-		if len(s.writes) == 0 {
-			s.writes, s.writing = nil, false
-			s.mu.Unlock()
-			return
-		}
-		op := strongestWrite(s.writes)
-		s.writes = s.writes[:0]
-		s.mu.Unlock()
-
-		wait = 0
-		cfg := s.table.config()
-		if cfg.Store == nil {
-			continue // a reload turned the store off
-		}
-		if err := sendWrite(cfg, s.id, op); err == nil {
-			paused, pause = 0, 0
-			continue
-		}
-		pause = min(max(2*pause, firstWriteRetryPause), maxWriteRetryPause)
-		if paused+pause > cfg.InitTimeout {
-			paused, pause = 0, 0 // given up; the store counted each failure
-			continue
-		}
-		paused, wait = paused+pause, pause
-		s.mu.Lock()
-		s.writes = append(s.writes, op) // the strongest of them goes next
-		s.mu.Unlock()
-	}
-}
-
-// The pauses between tries of a failing write: 100 ms, doubling to 1 s.
-const (
-	firstWriteRetryPause = 100 * time.Millisecond
-	maxWriteRetryPause   = time.Second
-)
-
-// sendWrite sends one write to the Store.
-func sendWrite(cfg *Config, id string, op storeOp) error {
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.StoreTimeout)
-	defer cancel()
-	switch op {
-	case opInitializeEnded:
-		return cfg.Store.InitializeEnded(ctx, id)
-	case opOpened:
-		return cfg.Store.Opened(ctx, id)
-	case opForget:
-		return cfg.Store.Forget(ctx, id)
-	}
-	return nil
-}
 
 // lookupRecord asks the store for id's record, bounded by StoreTimeout
 // and by half of QueueTimeout: the requests waiting for the answer must
@@ -171,8 +76,7 @@ func (s *Session) adopt(store Store) {
 	}
 
 	s.mu.Lock()
-	s.inFlight = false
-	s.dispatch()
+	s.lookupEnded()
 	if len(s.waiting) > 0 {
 		s.watchGateIfHeld() // requests that came during the lookup
 	}

@@ -193,7 +193,7 @@ func idle(tab *Table, id string) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return !s.lookingUp && !s.inFlight
+	return !s.lookingUp && s.slot == slotFree
 }
 
 // synthSource counts the synthesizers asked of it.

@@ -19,8 +19,8 @@ import (
 // The table calls Created synchronously, before the new session's id
 // reaches its client, and sends a session's later writes (InitializeEnded,
 // Opened, Forget) from one goroutine per session, in that order, without
-// holding any request back; a Store that queues writes itself gets them
-// at once instead (WriteQueue). Writes other than Created never recreate a
+// holding any request back; a Store with a WriteQueue (Config.Writes)
+// gets them there at once instead. Writes other than Created never recreate a
 // missing record, and never turn an open record back into an initializing
 // one: an instance's writes may arrive after another instance's.
 type Store interface {

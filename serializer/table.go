@@ -64,7 +64,7 @@ func (t *Table) Configure(cfg Config) {
 		cfg.Events = noEvents{}
 	}
 	cfg.Clock = t.clock
-	t.watch(cfg.Store)
+	t.watch(cfg.Watcher)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.cfg.Store(&cfg)
@@ -221,7 +221,7 @@ func (t *Table) Begin(id string, synth func(context.Context) bool) (turn Turn, o
 	}
 	// Filled in before it is published: Inspect may read it at once.
 	s := t.newSession(id)
-	s.inFlight = true // the initialize exchange's
+	s.initializeBegan()
 	s.sessionBegun(synth, cfg.InitTimeout)
 	t.add(s)
 	t.hold(s)
@@ -253,7 +253,7 @@ func (t *Table) ref(id string, create bool) *Session {
 		if store != nil {
 			// The lookup holds its own slot, so that requests arriving
 			// meanwhile queue, and its own reference until it ends.
-			s.inFlight = true
+			s.lookupHoldsSlot()
 			s.lookupStarted()
 		}
 		t.add(s)

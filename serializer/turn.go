@@ -100,9 +100,9 @@ const (
 // durations so that no two clocks need agree: age is how long ago the
 // asking request reached its instance; behind, for a token that holds the
 // turn, how long before the answer the first request waiting behind it
-// arrived (NobodyWaiting if none). An engine that is also a Watcher
-// announces an ask (TakeTurn answered TurnWaiting, or ClaimTurn with nudge
-// still waiting) with the asker's token and age, and a hand-on, to every
+// arrived (NobodyWaiting if none). With a Watcher, the engine announces
+// an ask (TakeTurn answered TurnWaiting, or ClaimTurn with nudge still
+// waiting) with the asker's token and age, and a hand-on, to every
 // instance.
 type TurnStore interface {
 	TakeTurn(ctx context.Context, id, token string, age, lease, claim time.Duration) (state TurnState, behind time.Duration, err error)
@@ -183,8 +183,8 @@ func (s *Session) clusterTurn(ctx context.Context, traits Traits, arrival time.T
 		s.clusterGrant = nil // lapsing, asked for before this request came, or on another engine
 		go s.releaseGrant(g)
 	}
-	s.askingTurn, s.wantHeard = true, time.Time{}
-	s.dispatch() // replies may overtake a request that waits for its turn
+	s.wantHeard = time.Time{}
+	s.turnAskBegan() // replies may overtake a request that waits for its turn
 	s.mu.Unlock()
 
 	deadline := t.clock.Now().Add(cfg.QueueTimeout - waited)
@@ -193,7 +193,8 @@ func (s *Session) clusterTurn(ctx context.Context, traits Traits, arrival time.T
 		g, err = s.askTurn(ctx, cfg, arrival, deadline)
 	}
 	s.mu.Lock()
-	s.askingTurn, s.askToken = false, ""
+	s.askToken = ""
+	s.turnAskEnded()
 	if g != nil {
 		// An ask heard while it waited may have come after the engine's
 		// answer: requests here since then go after it. (One from ahead
@@ -414,7 +415,7 @@ func (s *Session) turnAsked(asker string, waited time.Duration) (handOn *turnGra
 		}
 		return nil
 	}
-	if s.askingTurn && s.askToken != asker && (s.wantHeard.IsZero() || at.Before(s.wantHeard)) {
+	if s.slot == slotAskingTurn && s.askToken != asker && (s.wantHeard.IsZero() || at.Before(s.wantHeard)) {
 		s.wantHeard = at
 	}
 	return nil

@@ -203,8 +203,7 @@ func newCluster(t *testing.T, n int, announce bool) ([]*Table, *memTurns, *fakeC
 	for i := range tabs {
 		cfg := Defaults()
 		cfg.Clock = clock
-		cfg.Store = turns
-		cfg.Turns = turns
+		cfg.Store, cfg.Turns, cfg.Watcher = turns, turns, turns
 		tabs[i] = NewTable(cfg)
 		t.Cleanup(tabs[i].Close)
 	}
@@ -660,6 +659,45 @@ func TestRepliesOvertakeARequestWaitingForItsClusterTurn(t *testing.T) {
 	mustGet(t, waiting).turn.Done(200)
 }
 
+// Every reply waiting when a request starts asking for its cluster turn
+// overtakes it, not only the first: the exchange holding the turn on
+// another instance may wait for any of them.
+func TestEveryWaitingReplyOvertakesARequestThatStartsAskingForItsTurn(t *testing.T) {
+	tabs, turns, clock := newCluster(t, 2, true)
+	openSession(t, turns, "s")
+	a, b := tabs[0], tabs[1]
+	// B holds the turn with a plain exchange, and A asks for it. Behind
+	// B's exchange wait a request that came after A's ask, and then two
+	// replies, which cannot overtake a plain exchange.
+	first := mustGet(t, acquireAsync(t, b, bg, "s", 0))
+	sampling := acquireInBackground(a, "s")
+	eventually(t, func() bool { return len(turns.line("s").Waiting) == 1 })
+	clock.Advance(time.Millisecond)
+	next := acquireAsync(t, b, bg, "s", 0)
+	replies := []<-chan result{acquireAsync(t, b, bg, "s", RepliesOnly), acquireAsync(t, b, bg, "s", RepliesOnly)}
+	// B's exchange ends and hands the turn to A; B's next request takes
+	// B's slot and asks after A.
+	first.turn.Done(200)
+	held := resultWithinBackoffs(t, clock, sampling, "A's request did not get the turn B handed on")
+	if held.err != nil {
+		t.Fatal(held.err)
+	}
+	// Both go at once, neither waiting for the other to end.
+	var ended []Turn
+	for i, ch := range replies {
+		r := mustGet(t, ch)
+		if r.err != nil || !r.turn.Overtook() {
+			t.Fatalf("reply %d: err=%v overtook=%v, want it to go while the request before it asks", i+1, r.err, r.turn.Overtook())
+		}
+		ended = append(ended, r.turn)
+	}
+	for _, turn := range ended {
+		turn.Done(202)
+	}
+	held.turn.Done(200)
+	mustGet(t, next).turn.Done(200)
+}
+
 func TestWithoutAnnouncementsTheTurnIsHandedOnAfterEveryExchange(t *testing.T) {
 	tabs, turns, _ := newCluster(t, 1, false)
 	openSession(t, turns, "s")
@@ -762,14 +800,14 @@ func TestReconfiguringWhileAnAnnouncementIsDeliveredDoesNotDeadlock(t *testing.T
 	tab := tabs[0]
 	blocking := &blockingWatcher{memTurns: turns, delivering: make(chan struct{})}
 	cfg := *tab.config()
-	cfg.Store, cfg.Turns = blocking, blocking
+	cfg.Store, cfg.Turns, cfg.Watcher = blocking, blocking, blocking
 	tab.Configure(cfg)
 	go blocking.deliver(StoreKey("s"))
 	<-blocking.delivering
 	done := make(chan struct{})
 	go func() {
 		other := newMemTurns(newFakeClock(), true) // a reload's new store
-		cfg.Store, cfg.Turns = other, other
+		cfg.Store, cfg.Turns, cfg.Watcher = other, other, other
 		tab.Configure(cfg)
 		close(done)
 	}()
@@ -846,7 +884,7 @@ func TestReportedWaitIncludesTheClusterTurn(t *testing.T) {
 	var tabs []*Table
 	for range 2 {
 		cfg := Defaults()
-		cfg.Clock, cfg.Store, cfg.Turns, cfg.Events = clock, turns, turns, events
+		cfg.Clock, cfg.Store, cfg.Turns, cfg.Watcher, cfg.Events = clock, turns, turns, turns, events
 		tab := NewTable(cfg)
 		t.Cleanup(tab.Close)
 		tabs = append(tabs, tab)
@@ -928,7 +966,7 @@ func TestTurnHeldOnAnEngineAReloadReplacedIsNotUsed(t *testing.T) {
 	other := newMemTurns(clock, true)
 	openSession(t, other, "s")
 	cfg := *tab.config()
-	cfg.Store, cfg.Turns = other, other
+	cfg.Store, cfg.Turns, cfg.Watcher = other, other, other
 	tab.Configure(cfg)
 	r := mustGet(t, acquireAsync(t, tab, bg, "s", 0))
 	if r.err != nil {

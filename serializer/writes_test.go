@@ -129,7 +129,7 @@ func runSession(t *testing.T, tab *Table, id string) {
 // goroutine between: by the time the exchange's Done returns.
 func TestWritesGoToAQueueingStoreAsTheyHappen(t *testing.T) {
 	store := &queueingStore{fakeStore: newFakeStore()}
-	tab, _ := newTestTable(t, func(c *Config) { c.Store = store })
+	tab, _ := newTestTable(t, func(c *Config) { c.Store, c.Writes = store, store })
 	runSession(t, tab, "s")
 	if got, want := store.queuedLog(), []string{"InitializeEnded s", "Opened s", "Forget s"}; !slices.Equal(got, want) {
 		t.Fatalf("queued %q, want %q", got, want)
@@ -142,7 +142,7 @@ func TestWritesGoToAQueueingStoreAsTheyHappen(t *testing.T) {
 // A store that declines gets the writes through its methods, as any.
 func TestWritesAStoreDeclinesToQueueGoThroughItsMethods(t *testing.T) {
 	store := &queueingStore{fakeStore: newFakeStore(), refuse: true}
-	tab, _ := newTestTable(t, func(c *Config) { c.Store = store })
+	tab, _ := newTestTable(t, func(c *Config) { c.Store, c.Writes = store, store })
 	runSession(t, tab, "s")
 	eventually(t, func() bool {
 		log := store.writeLog()
@@ -160,7 +160,7 @@ func TestQueuedWriteThatFailsIsSentAgainByTheTable(t *testing.T) {
 	// Only Opened fails: a failed InitializeEnded would send the Opened
 	// after it from the session's goroutine, never through the queue.
 	store := &queueingStore{fakeStore: newFakeStore(), fail: "Opened"}
-	tab, clock := newTestTable(t, func(c *Config) { c.Store = store })
+	tab, clock := newTestTable(t, func(c *Config) { c.Store, c.Writes = store, store })
 	initialize, _ := tab.Begin("s", nil)
 	initialize.Done(200)
 	turn, err := tab.Acquire(context.Background(), "s", CarriesInitialized)
@@ -201,7 +201,7 @@ func TestWritesWithClusterTurnsGoToAQueueingStoreToo(t *testing.T) {
 	clock := newFakeClock()
 	turns := newMemTurns(clock, false)
 	store := &queueingTurns{memTurns: turns, q: &queueingStore{fakeStore: turns.fakeStore}}
-	tab, _ := newTestTable(t, func(c *Config) { c.Store, c.Turns = store, store })
+	tab, _ := newTestTable(t, func(c *Config) { c.Store, c.Turns, c.Writes, c.Watcher = store, store, store, store })
 	runSession(t, tab, "s")
 	if got, want := store.q.queuedLog(), []string{"InitializeEnded s", "Opened s", "Forget s"}; !slices.Equal(got, want) {
 		t.Fatalf("queued %q, want %q", got, want)

@@ -72,6 +72,15 @@ func NewAdapter(engine Engine, ttl time.Duration, logger *zap.Logger, errors *pr
 	return s
 }
 
+// Configure makes s cfg's Store, with what its engine can do: the
+// session's later writes queued for its batches if it takes them.
+func (s *Adapter) Configure(cfg *serializer.Config) {
+	cfg.Store, cfg.StoreTimeout = s, s.timeout
+	if s.batch != nil {
+		cfg.Writes = s
+	}
+}
+
 func (s *Adapter) Created(ctx context.Context, id string, initDeadline time.Time) error {
 	key := serializer.StoreKey(id)
 	if s.batch != nil {

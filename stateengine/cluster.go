@@ -16,11 +16,18 @@ type Cluster struct {
 	turns TurnKeeper
 }
 
-// NewCluster makes a of an engine with turns (Abilities.Turns) the table's
-// Store and TurnStore. a's Opened writes then announce the opened gate.
+// NewCluster adds to a the cluster turns of its engine (turns, its
+// Abilities.Turns); a's Opened writes then announce the opened gate.
 func NewCluster(a *Adapter, turns TurnKeeper) *Cluster {
 	a.announceOpened = true
 	return &Cluster{a, turns}
+}
+
+// Configure makes c cfg's Store as the Adapter does, its TurnStore and its
+// Watcher.
+func (c *Cluster) Configure(cfg *serializer.Config) {
+	c.Adapter.Configure(cfg)
+	cfg.Turns, cfg.Watcher = c, c
 }
 
 // turnAnswers is what a turn call answers, through bounded.
