@@ -63,8 +63,8 @@ type Config struct {
 	// What the Store can do beyond its calls, each nil if nothing. They
 	// need a Store; they are usually the Store itself.
 	//
-	// Writes takes a session's later writes without anyone waiting
-	// (writes.go): the table needs no goroutine per session to send them.
+	// Writes takes a session's later writes and sends them itself
+	// (writes.go), so that no goroutine waits on each.
 	Writes WriteQueue
 	// Watcher announces changes made by any instance (remote.go): a wait
 	// on another instance then ends at once, not at the next read.

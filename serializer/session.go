@@ -46,10 +46,12 @@ type Session struct {
 	waiting  []*waiter // arrival order, held ones included; slot.go only
 	initGate           // written in gate.go only
 
-	// With a Store only.
-	writes  []storeOp     // Store writes not sent yet, in order
-	writing bool          // a goroutine is sending writes
-	changed chan struct{} // closed when another instance announces a change (remote.go)
+	// With a Store only; the writes are written in writes.go only.
+	writing    bool          // a write is on its way to the Store, or waits to be tried again
+	nextWrite  storeOp       // the write to send once that one is answered; writeNone if none
+	retryPause time.Duration // while the write on its way fails: the last pause before a try,
+	retried    time.Duration // and all of them since it last succeeded
+	changed    chan struct{} // closed when another instance announces a change (remote.go)
 
 	// With cluster turns only, written in turn.go only.
 	clusterGrant *turnGrant // the session's cluster turn, while this instance holds it

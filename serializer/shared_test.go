@@ -766,8 +766,13 @@ func TestFailedOpenedIsSentAgainAfterAPause(t *testing.T) {
 	store.mu.Lock()
 	store.fail = nil
 	store.mu.Unlock()
-	clock.Advance(firstWriteRetryPause)
-	eventually(t, func() bool { rec, _ := store.record("s"); return rec.Open })
+	// Advanced until the retry's pause, set once the failure is answered,
+	// has run.
+	eventually(t, func() bool {
+		clock.Advance(firstWriteRetryPause)
+		rec, _ := store.record("s")
+		return rec.Open
+	})
 }
 
 // A failing write is tried for as long as init_timeout, the longest the

@@ -17,12 +17,12 @@ import (
 // table falls back to its local behaviour.
 //
 // The table calls Created synchronously, before the new session's id
-// reaches its client, and sends a session's later writes (InitializeEnded,
-// Opened, Forget) from one goroutine per session, in that order, without
-// holding any request back; a Store with a WriteQueue (Config.Writes)
-// gets them there at once instead. Writes other than Created never recreate a
-// missing record, and never turn an open record back into an initializing
-// one: an instance's writes may arrive after another instance's.
+// reaches its client, and makes a session's later writes (InitializeEnded,
+// Opened, Forget) one at a time, in that order, without holding any
+// request back (writes.go); through the WriteQueue if there is one
+// (Config.Writes). Writes other than Created never recreate a missing
+// record, and never turn an open record back into an initializing one: an
+// instance's writes may arrive after another instance's.
 type Store interface {
 	// Created records a session this instance has just created: still
 	// initializing, with its initialize exchange in flight, gated until

@@ -5,23 +5,22 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
-func TestStrongestWriteDoesAllTheQueuedWritesDo(t *testing.T) {
-	for _, c := range []struct {
-		ops  []storeOp
-		want storeOp
-	}{
-		{[]storeOp{opInitializeEnded}, opInitializeEnded},
-		{[]storeOp{opInitializeEnded, opOpened}, opOpened},
-		{[]storeOp{opOpened, opInitializeEnded}, opOpened},
-		{[]storeOp{opInitializeEnded, opForget}, opForget},
-		{[]storeOp{opInitializeEnded, opOpened, opForget}, opForget},
-		{[]storeOp{opForget, opOpened}, opForget},
-		{[]storeOp{opForget, opForget}, opForget},
+// The larger of two writes does what both do, so the writes a session
+// makes while one is on its way can go as one.
+func TestTheLargerOfTwoWritesDoesWhatBothDo(t *testing.T) {
+	for _, c := range []struct{ a, b, want storeOp }{
+		{writeNone, opInitializeEnded, opInitializeEnded},
+		{opInitializeEnded, opOpened, opOpened},
+		{opOpened, opInitializeEnded, opOpened},
+		{opInitializeEnded, opForget, opForget},
+		{opOpened, opForget, opForget},
+		{opForget, opOpened, opForget},
 	} {
-		if got := strongestWrite(c.ops); got != c.want {
-			t.Errorf("strongestWrite(%v) = %v, want %v", c.ops, got, c.want)
+		if got := max(c.a, c.b); got != c.want {
+			t.Errorf("max(%v, %v) = %v, want %v", c.a, c.b, got, c.want)
 		}
 	}
 }
@@ -54,11 +53,7 @@ func TestWritesQueuedWhileOneIsSentGoAsOne(t *testing.T) {
 		turn.Done(200)
 	}
 	close(release)
-	eventually(t, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return !s.writing
-	})
+	eventually(t, func() bool { return writesAnswered(s) })
 	want := []string{"Created s", "InitializeEnded s", "Forget s"}
 	if got := store.writeLog(); !slices.Equal(got, want) {
 		t.Fatalf("store got %q, want %q", got, want)
@@ -69,36 +64,46 @@ func TestWritesQueuedWhileOneIsSentGoAsOne(t *testing.T) {
 }
 
 // queueingStore is a fakeStore that also takes writes without blocking
-// (WriteQueue): it logs them, or, with refuse set, declines them.
+// (WriteQueue): it logs them and answers each from a goroutine, or, with
+// refuse set, declines them.
 type queueingStore struct {
 	*fakeStore
-	refuse bool   // decline every write
-	fail   string // take every write, then report those of this op failed
-	qmu    sync.Mutex
-	queued []string // "op id"
+	refuse   bool // decline every write
+	qmu      sync.Mutex
+	failOnce string        // answer the first write of this op with errStoreDown
+	hold     chan struct{} // nil, or the answers wait until it is closed
+	queued   []string      // "op id"
 }
 
-func (q *queueingStore) take(op, id string, failed func()) bool {
+func (q *queueingStore) take(op, id string, done func(error)) bool {
 	if q.refuse {
 		return false
 	}
 	q.qmu.Lock()
 	defer q.qmu.Unlock()
 	q.queued = append(q.queued, op+" "+id)
-	if op == q.fail {
-		go failed()
+	var err error
+	if op == q.failOnce {
+		q.failOnce, err = "", errStoreDown
 	}
+	hold := q.hold
+	go func() {
+		if hold != nil {
+			<-hold
+		}
+		done(err)
+	}()
 	return true
 }
 
-func (q *queueingStore) QueueInitializeEnded(id string, failed func()) bool {
-	return q.take("InitializeEnded", id, failed)
+func (q *queueingStore) QueueInitializeEnded(id string, done func(error)) bool {
+	return q.take("InitializeEnded", id, done)
 }
-func (q *queueingStore) QueueOpened(id string, failed func()) bool {
-	return q.take("Opened", id, failed)
+func (q *queueingStore) QueueOpened(id string, done func(error)) bool {
+	return q.take("Opened", id, done)
 }
-func (q *queueingStore) QueueForget(id string, failed func()) bool {
-	return q.take("Forget", id, failed)
+func (q *queueingStore) QueueForget(id string, done func(error)) bool {
+	return q.take("Forget", id, done)
 }
 
 func (q *queueingStore) queuedLog() []string {
@@ -107,27 +112,37 @@ func (q *queueingStore) queuedLog() []string {
 	return slices.Clone(q.queued)
 }
 
+// writesAnswered reports whether s has no write on its way.
+func writesAnswered(s *Session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.writing
+}
+
 // runSession opens and ends session id on tab: initialize, initialized,
-// DELETE.
+// DELETE, each after the Store answered the write before it.
 func runSession(t *testing.T, tab *Table, id string) {
 	t.Helper()
 	initialize, ok := tab.Begin(id, nil)
 	if !ok {
 		t.Fatal("Begin refused a new id")
 	}
+	s, _ := tracked(tab, id)
 	initialize.Done(200)
 	for _, traits := range []Traits{CarriesInitialized, EndsSession} {
+		eventually(t, func() bool { return writesAnswered(s) })
 		turn, err := tab.Acquire(context.Background(), id, traits)
 		if err != nil {
 			t.Fatal(err)
 		}
 		turn.Done(200)
 	}
+	eventually(t, func() bool { return writesAnswered(s) })
 }
 
-// A store that queues writes itself gets each one as it happens, with no
-// goroutine between: by the time the exchange's Done returns.
-func TestWritesGoToAQueueingStoreAsTheyHappen(t *testing.T) {
+// A store that queues writes itself gets them all through its queue, in
+// the order the session made them.
+func TestWritesGoToAQueueingStoreRatherThanItsMethods(t *testing.T) {
 	store := &queueingStore{fakeStore: newFakeStore()}
 	tab, _ := newTestTable(t, func(c *Config) { c.Store, c.Writes = store, store })
 	runSession(t, tab, "s")
@@ -139,44 +154,73 @@ func TestWritesGoToAQueueingStoreAsTheyHappen(t *testing.T) {
 	}
 }
 
+// A session's next write goes through the queue only once the one before
+// it was answered, so that the Store gets them in order; the writes made
+// meanwhile go as one.
+func TestAQueuedWriteWaitsForTheAnswerToTheOneBefore(t *testing.T) {
+	hold := make(chan struct{})
+	store := &queueingStore{fakeStore: newFakeStore(), hold: hold}
+	tab, _ := newTestTable(t, func(c *Config) { c.Store, c.Writes = store, store })
+	initialize, _ := tab.Begin("s", nil)
+	s, _ := tracked(tab, "s")
+	initialize.Done(200)
+	for _, traits := range []Traits{CarriesInitialized, EndsSession} {
+		turn, err := tab.Acquire(context.Background(), "s", traits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		turn.Done(200)
+	}
+	if got, want := store.queuedLog(), []string{"InitializeEnded s"}; !slices.Equal(got, want) {
+		t.Fatalf("queued %q before the first write was answered, want %q", got, want)
+	}
+	close(hold)
+	eventually(t, func() bool { return writesAnswered(s) })
+	if got, want := store.queuedLog(), []string{"InitializeEnded s", "Forget s"}; !slices.Equal(got, want) {
+		t.Fatalf("queued %q, want %q", got, want)
+	}
+}
+
 // A store that declines gets the writes through its methods, as any.
 func TestWritesAStoreDeclinesToQueueGoThroughItsMethods(t *testing.T) {
 	store := &queueingStore{fakeStore: newFakeStore(), refuse: true}
 	tab, _ := newTestTable(t, func(c *Config) { c.Store, c.Writes = store, store })
 	runSession(t, tab, "s")
-	eventually(t, func() bool {
-		log := store.writeLog()
-		return len(log) > 0 && log[len(log)-1] == "Forget s"
-	})
 	if _, found := store.record("s"); found {
 		t.Fatal("the record outlived the session")
+	}
+	if got, want := store.writeLog(), []string{"Created s", "InitializeEnded s", "Opened s", "Forget s"}; !slices.Equal(got, want) {
+		t.Fatalf("store got %q, want %q", got, want)
 	}
 }
 
 // A queued write that fails (Redis failing over while the batch went) is
-// handed back: the table sends it again itself after a pause, so the
-// record still opens and the other instances stop holding the session.
-func TestQueuedWriteThatFailsIsSentAgainByTheTable(t *testing.T) {
-	// Only Opened fails: a failed InitializeEnded would send the Opened
-	// after it from the session's goroutine, never through the queue.
-	store := &queueingStore{fakeStore: newFakeStore(), fail: "Opened"}
+// queued again after a pause, so the record still opens and the other
+// instances stop holding the session.
+func TestQueuedWriteThatFailsIsQueuedAgainAfterAPause(t *testing.T) {
+	store := &queueingStore{fakeStore: newFakeStore(), failOnce: "Opened"}
 	tab, clock := newTestTable(t, func(c *Config) { c.Store, c.Writes = store, store })
 	initialize, _ := tab.Begin("s", nil)
+	s, _ := tracked(tab, "s")
 	initialize.Done(200)
+	eventually(t, func() bool { return writesAnswered(s) })
 	turn, err := tab.Acquire(context.Background(), "s", CarriesInitialized)
 	if err != nil {
 		t.Fatal(err)
 	}
 	turn.Done(202)
-	eventually(t, func() bool { return slices.Contains(store.queuedLog(), "Opened s") })
-	if n := store.count("Opened"); n != 0 {
-		t.Fatalf("Opened sent %d times before the pause", n)
+	want := []string{"InitializeEnded s", "Opened s"}
+	eventually(t, func() bool { return slices.Equal(store.queuedLog(), want) })
+	time.Sleep(10 * time.Millisecond)
+	if got := store.queuedLog(); !slices.Equal(got, want) {
+		t.Fatalf("queued %q before the pause, want %q", got, want)
 	}
+	want = append(want, "Opened s")
 	eventually(t, func() bool {
 		clock.Advance(firstWriteRetryPause)
-		rec, _ := store.record("s")
-		return rec.Open
+		return slices.Equal(store.queuedLog(), want)
 	})
+	eventually(t, func() bool { return writesAnswered(s) })
 }
 
 // queueingTurns is a queueing store with cluster turns.
@@ -185,18 +229,18 @@ type queueingTurns struct {
 	q *queueingStore
 }
 
-func (t *queueingTurns) QueueInitializeEnded(id string, failed func()) bool {
-	return t.q.QueueInitializeEnded(id, failed)
+func (t *queueingTurns) QueueInitializeEnded(id string, done func(error)) bool {
+	return t.q.QueueInitializeEnded(id, done)
 }
-func (t *queueingTurns) QueueOpened(id string, failed func()) bool {
-	return t.q.QueueOpened(id, failed)
+func (t *queueingTurns) QueueOpened(id string, done func(error)) bool {
+	return t.q.QueueOpened(id, done)
 }
-func (t *queueingTurns) QueueForget(id string, failed func()) bool {
-	return t.q.QueueForget(id, failed)
+func (t *queueingTurns) QueueForget(id string, done func(error)) bool {
+	return t.q.QueueForget(id, done)
 }
 
-// With cluster turns too, a store that queues writes gets each one as it
-// happens (it announces an Opened itself, once written).
+// With cluster turns too, a store that queues writes gets them through
+// its queue (it announces an Opened itself, once written).
 func TestWritesWithClusterTurnsGoToAQueueingStoreToo(t *testing.T) {
 	clock := newFakeClock()
 	turns := newMemTurns(clock, false)

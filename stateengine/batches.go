@@ -14,9 +14,8 @@ import (
 // gathers the writes that calls make while an exchange is in flight into
 // the next one, so a busy instance pays one round trip, and one wake-up
 // of Redis, for the records of many sessions instead of one per write. It
-// also takes a session's later writes from the table without anyone
-// waiting (serializer.WriteQueue): no goroutine per session then waits on
-// them.
+// also takes a session's writes from the table without anyone waiting
+// (serializer.WriteQueue): no goroutine then waits on each.
 
 // The states of a Write on its way.
 const (
@@ -114,11 +113,11 @@ func (s *Adapter) enqueue(w *Write) {
 }
 
 // queue sends w through the engine's batches with nobody waiting for
-// it: the serializer.WriteQueue writes. A failure is counted and logged
-// when the engine answers, and handed back to the table through failed.
-// False, without w, when the engine takes no batches or no slot is free:
-// the table then sends it itself.
-func (s *Adapter) queue(id string, w *Write, failed func()) bool {
+// it: the serializer.WriteQueue writes. The engine's answer goes to the
+// table through done, a failure counted and logged first. False, without
+// w, when the engine takes no batches or no slot is free: the table then
+// sends it itself.
+func (s *Adapter) queue(id string, w *Write, done func(error)) bool {
 	if s.batch == nil {
 		return false
 	}
@@ -127,25 +126,25 @@ func (s *Adapter) queue(id string, w *Write, failed func()) bool {
 	default:
 		return false
 	}
-	w.id, w.failed = id, failed
+	w.id, w.written = id, done
 	s.enqueue(w)
 	return true
 }
 
 // QueueInitializeEnded is InitializeEnded with nobody waiting
 // (serializer.WriteQueue).
-func (s *Adapter) QueueInitializeEnded(id string, failed func()) bool {
-	return s.queue(id, &Write{Op: OpInitializeEnded, Key: serializer.StoreKey(id)}, failed)
+func (s *Adapter) QueueInitializeEnded(id string, done func(error)) bool {
+	return s.queue(id, &Write{Op: OpInitializeEnded, Key: serializer.StoreKey(id)}, done)
 }
 
 // QueueOpened is Opened with nobody waiting.
-func (s *Adapter) QueueOpened(id string, failed func()) bool {
-	return s.queue(id, &Write{Op: OpOpened, Key: serializer.StoreKey(id), Announce: s.announceOpened}, failed)
+func (s *Adapter) QueueOpened(id string, done func(error)) bool {
+	return s.queue(id, &Write{Op: OpOpened, Key: serializer.StoreKey(id), Announce: s.announceOpened}, done)
 }
 
 // QueueForget is Forget with nobody waiting, "not found" remembered as
 // Forget does once the record is gone.
-func (s *Adapter) QueueForget(id string, failed func()) bool {
+func (s *Adapter) QueueForget(id string, done func(error)) bool {
 	if s.batch == nil {
 		return false
 	}
@@ -158,7 +157,7 @@ func (s *Adapter) QueueForget(id string, failed func()) bool {
 			s.notFound.add(key, version, s.now())
 		}
 	}
-	return s.queue(id, w, failed)
+	return s.queue(id, w, done)
 }
 
 // gaveUp: w's caller stops waiting, for cause; w is not sent if it was
@@ -254,7 +253,7 @@ func (s *Adapter) awaitWrites(linger *time.Timer) bool {
 }
 
 // answered ends w: its slot freed, its caller woken, or, with none, its
-// failure counted and handed back to the table.
+// failure counted and its answer handed to the table.
 func (s *Adapter) answered(w *Write) {
 	if w.after != nil {
 		w.after()
@@ -263,14 +262,13 @@ func (s *Adapter) answered(w *Write) {
 	if w.done == nil {
 		if w.Err != nil {
 			s.failed(w.Op, w.id, w.Err)
-			if w.failed != nil {
-				w.failed()
-			}
+		}
+		if w.written != nil {
+			w.written(w.Err)
 		}
 		return
 	}
 	close(w.done)
 }
 
-var _ serializer.WriteQueue = (*Adapter)(nil)
 var _ serializer.WriteQueue = (*Adapter)(nil)

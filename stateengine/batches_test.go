@@ -269,7 +269,7 @@ func TestAdapterHandsAQueuedWriteBackWhenEveryCallSlotIsTaken(t *testing.T) {
 	errs := takeEverySlot(t, eng, store)
 	counter := testErrors.WithLabelValues("opened")
 	before := testutil.ToFloat64(counter)
-	if store.QueueOpened("s", func() { t.Error("a write handed back was reported failed") }) {
+	if store.QueueOpened("s", func(error) { t.Error("a write handed back was answered") }) {
 		t.Fatal("QueueOpened took a write with no slot free")
 	}
 	if n := testutil.ToFloat64(counter); n != before {
@@ -289,8 +289,15 @@ func TestAdapterQueuedWritesGoInTheNextBatchWithNobodyWaiting(t *testing.T) {
 
 	go func() { errs <- store.Opened(ctx, "a") }()
 	eng.awaitBatch(t)
-	for _, queue := range []func(string, func()) bool{store.QueueInitializeEnded, store.QueueOpened, store.QueueForget} {
-		if !queue("b", func() { t.Error("a write that went was reported failed") }) {
+	var answered atomic.Int32
+	for _, queue := range []func(string, func(error)) bool{store.QueueInitializeEnded, store.QueueOpened, store.QueueForget} {
+		done := func(err error) {
+			if err != nil {
+				t.Errorf("a write that went was answered %v", err)
+			}
+			answered.Add(1)
+		}
+		if !queue("b", done) {
 			t.Fatal("a batching adapter declined a queued write")
 		}
 	}
@@ -307,6 +314,7 @@ func TestAdapterQueuedWritesGoInTheNextBatchWithNobodyWaiting(t *testing.T) {
 		t.Fatalf("batches %q, want the three queued writes together in the second", got)
 	}
 	eventuallyTrue(t, "the slots back", func() bool { return len(store.slots) == 0 })
+	eventuallyTrue(t, "each write answered", func() bool { return answered.Load() == 3 })
 	lookups := eng.lookups.Load()
 	if _, found, err := store.Lookup(ctx, "b"); err != nil || found {
 		t.Fatalf("Lookup = %v, %v", found, err)
@@ -328,14 +336,18 @@ func (failingBatchEngine) Writes(_ context.Context, ws []*Write, _ time.Duration
 	}
 }
 
-// A queued write that fails is counted and handed back to the table,
-// once, through its failed callback.
+// A queued write that fails is counted, and its failure handed to the
+// table once.
 func TestAdapterCountsAndHandsBackAQueuedWriteThatFails(t *testing.T) {
 	store := newTestAdapter(failingBatchEngine{newFakeEngine()}, time.Hour, zap.NewNop())
 	counter := testErrors.WithLabelValues("opened")
 	before := testutil.ToFloat64(counter)
 	var handedBack atomic.Int32
-	if !store.QueueOpened("s", func() { handedBack.Add(1) }) {
+	if !store.QueueOpened("s", func(err error) {
+		if err != nil {
+			handedBack.Add(1)
+		}
+	}) {
 		t.Fatal("declined")
 	}
 	eventuallyTrue(t, "the failure counted", func() bool { return testutil.ToFloat64(counter) == before+1 })
@@ -347,7 +359,7 @@ func TestAdapterCountsAndHandsBackAQueuedWriteThatFails(t *testing.T) {
 // a time, in order, from the serializer's goroutine: nothing is queued.
 func TestAdapterQueuesNothingForAnEngineWithoutBatches(t *testing.T) {
 	store := newTestAdapter(newFakeEngine(), time.Hour, zap.NewNop())
-	for name, queue := range map[string]func(string, func()) bool{
+	for name, queue := range map[string]func(string, func(error)) bool{
 		"InitializeEnded": store.QueueInitializeEnded, "Opened": store.QueueOpened, "Forget": store.QueueForget,
 	} {
 		if queue("s", nil) {

@@ -116,9 +116,9 @@ type Write struct {
 	Err      error     // the engine's answer
 
 	// The adapter's, while the write waits for its batch.
-	state  atomic.Uint32 // writeQueued, then writeSent or writeAbandoned
-	done   chan struct{} // closed once the engine answered, or the write was left out; nil: nobody waits
-	after  func()        // nil, or run at that moment
-	id     string        // with no waiter: the session, for the failure's log line
-	failed func()        // with no waiter: called if the write fails, for the table to send it again
+	state   atomic.Uint32 // writeQueued, then writeSent or writeAbandoned
+	done    chan struct{} // closed once the engine answered, or the write was left out; nil: nobody waits
+	after   func()        // nil, or run at that moment
+	id      string        // with no waiter: the session, for the failure's log line
+	written func(error)   // with no waiter: given the engine's answer, for the table
 }
