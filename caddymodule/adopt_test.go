@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"go.uber.org/zap"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -37,22 +38,17 @@ func (s initializingStore) Lookup(context.Context, string) (serializer.Record, b
 func TestAdoptedSessionSynthesizesWithTheFollowUpsHeaders(t *testing.T) {
 	var mu sync.Mutex
 	var seen []string
-	upstream := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		mu.Lock()
 		seen = append(seen, fmt.Sprintf("%s auth=%s", body, r.Header.Get("Authorization")))
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
-	})}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go upstream.Serve(l)
-	t.Cleanup(func() { upstream.Close() })
+	}))
+	t.Cleanup(upstream.Close)
 
-	port := freeLoopbackPort(t)
+	port := testnet.FreePort(t)
 	caddyfile := fmt.Sprintf(`{
 	admin off
 	auto_https off
@@ -68,7 +64,7 @@ http://127.0.0.1:%d {
 	}
 	reverse_proxy %s
 }
-`, port, l.Addr())
+`, port, upstream.Listener.Addr())
 	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -118,14 +114,4 @@ http://127.0.0.1:%d {
 	if strings.Join(seen, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("upstream saw:\n%s\nwant:\n%s", strings.Join(seen, "\n"), strings.Join(want, "\n"))
 	}
-}
-
-func freeLoopbackPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

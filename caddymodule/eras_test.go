@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,14 +55,9 @@ func (u *concurrencyUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) 
 
 func startConcurrencyUpstream(t *testing.T) (*concurrencyUpstream, string) {
 	u := &concurrencyUpstream{now: map[string]int{}, most: map[string]int{}}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: u}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	return u, l.Addr().String()
+	srv := httptest.NewServer(u)
+	t.Cleanup(srv.Close)
+	return u, srv.Listener.Addr().String()
 }
 
 func TestKeyRunsSessionlessRequestsOneAtATimePerValue(t *testing.T) {

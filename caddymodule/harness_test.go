@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +16,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // testCaddy is Caddy running in this process with one site.
@@ -31,18 +33,11 @@ type testCaddy struct {
 // not run in parallel: Caddy's running config is process-wide.
 func startCaddy(t *testing.T, site string) *testCaddy {
 	t.Helper()
-	c := &testCaddy{port: freePort(t), adminPort: freePort(t)}
+	c := &testCaddy{port: testnet.FreePort(t), adminPort: testnet.FreePort(t)}
 	c.url = fmt.Sprintf("http://127.0.0.1:%d", c.port)
 	c.admin = fmt.Sprintf("http://127.0.0.1:%d", c.adminPort)
 	cfg := c.adapt(t, site)
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading Caddy config: %v\n%s", err, cfg)
-	}
-	t.Cleanup(func() {
-		if err := caddy.Stop(); err != nil {
-			t.Errorf("stopping Caddy: %v", err)
-		}
-	})
+	loadCaddy(t, cfg)
 	return c
 }
 
@@ -96,16 +91,6 @@ func (c *testCaddy) reload(t *testing.T, site string) {
 	http.DefaultClient.CloseIdleConnections()
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // upstream is a scripted MCP upstream that records what reaches it.
 type upstream struct {
 	mu      sync.Mutex
@@ -125,14 +110,9 @@ type seenRequest struct {
 
 func newUpstream(t *testing.T, answer func(http.ResponseWriter, *http.Request, []byte)) (*upstream, string) {
 	u := &upstream{answer: answer, arrived: make(chan seenRequest, 1024)}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: u}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	return u, l.Addr().String()
+	srv := httptest.NewServer(u)
+	t.Cleanup(srv.Close)
+	return u, srv.Listener.Addr().String()
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -182,6 +162,20 @@ func post(t *testing.T, url, id, body string) *http.Response {
 		t.Fatalf("POST: %v", err)
 	}
 	return resp
+}
+
+// loadCaddy runs cfg in this process until the test ends.
+func loadCaddy(t *testing.T, cfg []byte) {
+	t.Helper()
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading Caddy config: %v\n%s", err, cfg)
+	}
+	t.Cleanup(func() {
+		if err := caddy.Stop(); err != nil {
+			t.Errorf("stopping Caddy: %v", err)
+		}
+		http.DefaultClient.CloseIdleConnections()
+	})
 }
 
 // rpcError is the error member of a JSON-RPC error response.

@@ -17,15 +17,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // startCaddyLogging is startCaddy with every log, at DEBUG, written as
 // JSON lines to logFile instead of discarded.
 func startCaddyLogging(t *testing.T, logFile, site string) *testCaddy {
 	t.Helper()
-	c := &testCaddy{port: freePort(t), adminPort: freePort(t)}
+	c := &testCaddy{port: testnet.FreePort(t), adminPort: testnet.FreePort(t)}
 	c.url = fmt.Sprintf("http://127.0.0.1:%d", c.port)
 	c.admin = fmt.Sprintf("http://127.0.0.1:%d", c.adminPort)
 	caddyfile := strings.Replace(c.caddyfile(site), "\tlog {\n\t\toutput discard\n\t}",
@@ -40,14 +41,7 @@ func startCaddyLogging(t *testing.T, logFile, site string) *testCaddy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading Caddy config: %v\n%s", err, cfg)
-	}
-	t.Cleanup(func() {
-		if err := caddy.Stop(); err != nil {
-			t.Errorf("stopping Caddy: %v", err)
-		}
-	})
+	loadCaddy(t, cfg)
 	return c
 }
 

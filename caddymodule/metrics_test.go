@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testclock"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
@@ -20,7 +20,7 @@ import (
 func TestGateTimeoutWarnsOncePerIntervalAndCountsEvery(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	ev := newEvents(zap.New(core))
-	clock := enginetest.NewClock()
+	clock := testclock.New()
 	ev.now = clock.Now
 	counter := metrics.gateTimeout.WithLabelValues(serializer.Forward.String())
 	before := testutil.ToFloat64(counter)

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 func TestOrderClusterIsRefusedWhereItCannotWork(t *testing.T) {
@@ -15,7 +17,7 @@ func TestOrderClusterIsRefusedWhereItCannotWork(t *testing.T) {
 		{"state redis\n\t\torder everywhere", `order: unknown value "everywhere" (want local or cluster)`},
 	} {
 		caddyfile := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\nhttp://127.0.0.1:%d {\n\tmcp_serializer {\n\t\t%s\n\t}\n\trespond ok\n}\n",
-			freePort(t), tc.state)
+			testnet.FreePort(t), tc.state)
 		err := loadCaddyfile(t, caddyfile)
 		if err == nil {
 			_ = caddy.Stop()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/mcpserializer/caddy-mcp-serializer/integration/mcpstub"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // `caddy reload` (through the admin API) under steady pipelined load
@@ -343,7 +344,7 @@ func TestRefusedConfigLeavesTheLiveTableSettingsAlone(t *testing.T) {
 	c := startCaddy(t, live)
 
 	conflicting := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", c.adminPort)
-	for port, action := range map[int]string{c.port: "forward", freePort(t): "synthesize"} {
+	for port, action := range map[int]string{c.port: "forward", testnet.FreePort(t): "synthesize"} {
 		conflicting += fmt.Sprintf("http://127.0.0.1:%d {\n\tmcp_serializer {\n\t\tname t\n\t\tinit_timeout 300ms\n\t\ton_init_timeout %s\n\t}\n\treverse_proxy %s\n}\n", port, action, addr)
 	}
 	req, _ := http.NewRequest(http.MethodPost, c.admin+"/load", strings.NewReader(conflicting))

@@ -11,6 +11,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // threeSites is one Caddyfile with three sites, each with its own
@@ -41,8 +43,8 @@ func loadCaddyfile(t *testing.T, caddyfile string) error {
 
 func TestHandlersSharingATableWithDifferentSettingsAreRefused(t *testing.T) {
 	_, addr := sessionUpstream(t)
-	ports := [3]int{freePort(t), freePort(t), freePort(t)}
-	err := loadCaddyfile(t, threeSites(freePort(t), ports, addr, ""))
+	ports := [3]int{testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t)}
+	err := loadCaddyfile(t, threeSites(testnet.FreePort(t), ports, addr, ""))
 	if err == nil {
 		caddy.Stop()
 		t.Fatal("three unnamed handlers with different on_init_timeout loaded; want the config refused")
@@ -68,11 +70,11 @@ func TestHandlersSharingATableWithDifferentSettingsAreRefused(t *testing.T) {
 
 func TestHandlersSharingATableWithEqualSettingsLoad(t *testing.T) {
 	_, addr := sessionUpstream(t)
-	caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", freePort(t))
+	caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", testnet.FreePort(t))
 	for range 2 {
 		// The same values, spelled and defaulted differently.
-		caddyfile += fmt.Sprintf("http://127.0.0.1:%d {\n\tmcp_serializer\n\treverse_proxy %s\n}\n", freePort(t), addr)
-		caddyfile += fmt.Sprintf("http://127.0.0.1:%d {\n\tmcp_serializer {\n\t\tinit_timeout 10000ms\n\t\tmax_queue 32\n\t}\n\treverse_proxy %s\n}\n", freePort(t), addr)
+		caddyfile += fmt.Sprintf("http://127.0.0.1:%d {\n\tmcp_serializer\n\treverse_proxy %s\n}\n", testnet.FreePort(t), addr)
+		caddyfile += fmt.Sprintf("http://127.0.0.1:%d {\n\tmcp_serializer {\n\t\tinit_timeout 10000ms\n\t\tmax_queue 32\n\t}\n\treverse_proxy %s\n}\n", testnet.FreePort(t), addr)
 	}
 	if err := loadCaddyfile(t, caddyfile); err != nil {
 		t.Fatalf("handlers sharing a table with equal settings: %v", err)
@@ -87,8 +89,8 @@ func TestHandlersSharingATableWithEqualSettingsLoad(t *testing.T) {
 // synthesized initialized, forwarded as it is, or answered 400.
 func TestNamedHandlersKeepTheirOwnSettings(t *testing.T) {
 	up, addr := sessionUpstream(t)
-	ports := [3]int{freePort(t), freePort(t), freePort(t)}
-	if err := loadCaddyfile(t, threeSites(freePort(t), ports, addr, "site-%s")); err != nil {
+	ports := [3]int{testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t)}
+	if err := loadCaddyfile(t, threeSites(testnet.FreePort(t), ports, addr, "site-%s")); err != nil {
 		t.Fatalf("named handlers: %v", err)
 	}
 	t.Cleanup(func() { caddy.Stop() })
@@ -137,10 +139,10 @@ func rpcMethod(body []byte) string {
 // neither the passwords nor anything derived from them.
 func TestStateConflictNamesTheFieldNotTheSecret(t *testing.T) {
 	_, addr := sessionUpstream(t)
-	caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", freePort(t))
+	caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", testnet.FreePort(t))
 	for _, password := range []string{"first-secret", "second-secret"} {
 		caddyfile += fmt.Sprintf("http://127.0.0.1:%d {\n\tmcp_serializer {\n\t\tstate redis {\n\t\t\taddress 127.0.0.1:1\n\t\t\tpassword %s\n\t\t}\n\t}\n\treverse_proxy %s\n}\n",
-			freePort(t), password, addr)
+			testnet.FreePort(t), password, addr)
 	}
 	err := loadCaddyfile(t, caddyfile)
 	if err == nil {

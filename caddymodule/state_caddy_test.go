@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -51,7 +52,7 @@ func TestStateCaddyfileFormsServe(t *testing.T) {
 		"state storage {\n\t\ttimeout 500ms\n\t\tsweep_interval 1m\n\t}",
 	} {
 		t.Run(strings.ReplaceAll(state, "\n", " "), func(t *testing.T) {
-			port, adminPort := freePort(t), freePort(t)
+			port, adminPort := testnet.FreePort(t), testnet.FreePort(t)
 			root := t.TempDir()
 			caddyfile := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
@@ -105,7 +106,7 @@ func TestStateJSONFormsServe(t *testing.T) {
 	_, upstream := sessionUpstream(t)
 	for _, state := range []string{`{"module": "redis"}`, `{"module": "storage"}`} {
 		t.Run(state, func(t *testing.T) {
-			port := freePort(t)
+			port := testnet.FreePort(t)
 			root := t.TempDir()
 			cfg := fmt.Sprintf(`{
 				"admin": {"disabled": true},
@@ -131,27 +132,14 @@ func TestStateJSONFormsServe(t *testing.T) {
 	}
 }
 
-func loadCaddy(t *testing.T, cfg []byte) {
-	t.Helper()
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading Caddy config: %v\n%s", err, cfg)
-	}
-	t.Cleanup(func() {
-		if err := caddy.Stop(); err != nil {
-			t.Errorf("stopping Caddy: %v", err)
-		}
-		http.DefaultClient.CloseIdleConnections()
-	})
-}
-
 // twoTables is one Caddy with two sites, each with its own session table
 // and the same state engine: two instances in one process.
 func twoTables(t *testing.T, state, upstream string) (a, b, root string) {
 	t.Helper()
-	ports := [2]int{freePort(t), freePort(t)}
+	ports := [2]int{testnet.FreePort(t), testnet.FreePort(t)}
 	root = t.TempDir()
 	caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n\tstorage file_system %s\n\tlog {\n\t\toutput discard\n\t}\n}\n",
-		freePort(t), root)
+		testnet.FreePort(t), root)
 	for i, port := range ports {
 		caddyfile += fmt.Sprintf("http://127.0.0.1:%d {\n\tmetrics /metrics\n\tmcp_serializer {\n\t\tname instance%d\n\t\t%s\n\t}\n\treverse_proxy %s\n}\n",
 			port, i, state, upstream)
@@ -214,7 +202,7 @@ func TestSessionCreatedBehindOneTableIsGatedBehindAnother(t *testing.T) {
 // nothing, and is counted.
 func TestStateEngineDownFailsNoRequestAndIsCounted(t *testing.T) {
 	_, upstream := sessionUpstream(t)
-	down := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	down := fmt.Sprintf("127.0.0.1:%d", testnet.FreePort(t))
 	a, _, _ := twoTables(t, "state redis "+down+" {\n\t\t\ttimeout 100ms\n\t\t}", upstream)
 	connect(t, a)
 	resp, err := http.Get(a + "/metrics")
@@ -234,10 +222,10 @@ func TestHandlersSharingATableMustAgreeOnState(t *testing.T) {
 		{"state storage", ""},
 		{"state redis {\n\t\tpassword first-secret\n\t}", "state redis {\n\t\tpassword second-secret\n\t}"},
 	} {
-		caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", freePort(t))
+		caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n}\n", testnet.FreePort(t))
 		for _, state := range states {
 			caddyfile += fmt.Sprintf("http://127.0.0.1:%d {\n\tmcp_serializer {\n\t\t%s\n\t}\n\treverse_proxy %s\n}\n",
-				freePort(t), state, upstream)
+				testnet.FreePort(t), state, upstream)
 		}
 		err := loadCaddyfile(t, caddyfile)
 		if err == nil {

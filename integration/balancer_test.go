@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // balancer is the load balancer in front of a cluster's instances.
@@ -80,7 +82,7 @@ func startFront(t testing.TB, opts clusterOptions, dials []string) string {
 	if opts.Front != "" {
 		t.Fatalf("clusterOptions.Front holds lines for a Caddy front; the %v front runs its file in examples/cluster", opts.Balancer)
 	}
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	addr := "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))
 	switch opts.Balancer {
 	case nginxHash, nginxRoundRobin:
 		startNginx(t, renderNginxExample(t, addr, dials, opts.Balancer == nginxHash), addr)

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // caddyBin is the Caddy binary to test: $MCP_SERIALIZER_CADDY when set (the
@@ -88,17 +90,6 @@ func (b *testBinary) path(t testing.TB) string {
 	return b.built
 }
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // caddySite builds a Caddyfile with the global options the harness needs and
 // one site, on the address startCaddy picks, holding the given directives.
 func caddySite(directives string) string {
@@ -141,8 +132,8 @@ func runCaddy(t testing.TB, caddyfile string) *caddyProcess {
 	if err := os.WriteFile(config, []byte(caddyfile), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t)
-	admin := freePort(t)
+	port := testnet.FreePort(t)
+	admin := testnet.FreePort(t)
 	logPath := filepath.Join(dir, "caddy.log")
 	dumpOnFailure(t, "caddy", config, logPath)
 

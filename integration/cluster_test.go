@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // clusterOptions describes several Caddy instances, each with mcp_serializer
@@ -148,7 +150,7 @@ const instanceSite = "http://:{$MCP_TEST_PORT} {\n\tbind 127.0.0.1\n"
 func newCaddyInstance(t testing.TB, name, global, directives string) *caddyInstance {
 	t.Helper()
 	dir := t.TempDir()
-	in := &caddyInstance{Name: name, Port: freePort(t), Admin: freePort(t), dir: dir}
+	in := &caddyInstance{Name: name, Port: testnet.FreePort(t), Admin: testnet.FreePort(t), dir: dir}
 	in.URL = "http://127.0.0.1:" + strconv.Itoa(in.Port)
 	in.conf = filepath.Join(dir, "Caddyfile")
 	in.log = filepath.Join(dir, "caddy.log")
@@ -297,7 +299,7 @@ func demoBackendBinary(t testing.TB) string {
 // sessions in storeDir, shared by every stub given the same directory.
 func startStub(t testing.TB, storeDir string, i int) string {
 	t.Helper()
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	addr := "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))
 	logPath := filepath.Join(t.TempDir(), fmt.Sprintf("stub-%d.log", i))
 	dumpOnFailure(t, "stub", logPath)
 	cmd := exec.Command(demoBackendBinary(t), "-listen", addr, "-store-dir", storeDir, "-work-min", "1ms", "-work-max", "5ms")

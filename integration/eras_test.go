@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // Both MCP protocol eras through the module: MCP 2026-07-28 (session-less,
@@ -121,7 +123,7 @@ type v2Packet struct {
 func startV2Server(t testing.TB, args ...string) (url, logPath string) {
 	t.Helper()
 	node, script := v2Script(t, "v2server.mjs")
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	addr := "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))
 	logPath = filepath.Join(t.TempDir(), "v2server.log")
 	dumpOnFailure(t, "v2 server", logPath)
 	cmd := exec.Command(node, append([]string{script, "--port", strings.TrimPrefix(addr, "127.0.0.1:")}, args...)...)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/integration/mcpstub"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // The example Caddyfiles adapt with the module's binary and configure the
@@ -110,7 +111,7 @@ func TestClusterExampleInstanceAnswersAnyHost(t *testing.T) {
 	t.Cleanup(upstream.Close)
 
 	dir := t.TempDir()
-	in := &caddyInstance{Name: "example instance", Port: freePort(t), Admin: freePort(t), dir: dir,
+	in := &caddyInstance{Name: "example instance", Port: testnet.FreePort(t), Admin: testnet.FreePort(t), dir: dir,
 		conf: filepath.Join(repoRoot(t), "examples", "cluster", "instance.Caddyfile"), log: filepath.Join(dir, "caddy.log")}
 	in.URL = "http://127.0.0.1:" + strconv.Itoa(in.Port)
 	in.env = []string{
@@ -256,7 +257,7 @@ func TestReverseProxyExampleWithReplicas(t *testing.T) {
 
 	var upstreams []string
 	for i := 0; i < 4; i++ {
-		addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+		addr := "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))
 		upstreams = append(upstreams, addr)
 		logPath := filepath.Join(store.Dir, fmt.Sprintf("replica-%d.log", i))
 		dumpOnFailure(t, "replica", logPath)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 	"github.com/mcpserializer/caddy-mcp-serializer/probe"
 )
 
@@ -156,7 +157,7 @@ func TestInitializeFloodLeavesOtherSessionsUnharmed(t *testing.T) {
 // process: the test binary may run with -race, the backend need not.
 func startFastStub(t testing.TB) string {
 	t.Helper()
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	addr := "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))
 	logPath := filepath.Join(t.TempDir(), "stub.log")
 	dumpOnFailure(t, "stub", logPath)
 	cmd := exec.Command(demoBackendBinary(t), "-listen", addr, "-work-min", "0", "-work-max", "0")

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // Laravel as most servers run it (Forge, Ploi, plain Debian): nginx
@@ -27,7 +29,7 @@ func TestLaravelBehindNginxSendsOnlyTheMCPRouteThroughTheModule(t *testing.T) {
 
 	nginx := func(recipe bool) (url string) {
 		t.Helper()
-		addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+		addr := "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))
 		edits := [][2]string{
 			{"listen 127.0.0.1:8080;", "listen " + addr + ";"},
 			{"server 127.0.0.1:8090;", "server " + strings.TrimPrefix(local.URL, "http://") + ";"},

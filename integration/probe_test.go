@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/integration/mcpstub"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // mcpProbe runs `caddy mcp-probe` with args and returns its exit status,
@@ -140,12 +140,7 @@ func TestMCPProbeCommandDirectAndThroughTheModule(t *testing.T) {
 
 // Bad input is exit 2 with a message saying what is wrong, and no run.
 func TestMCPProbeCommandBadInput(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused := "http://" + l.Addr().String() + "/mcp"
-	l.Close()
+	refused := testnet.RefusedURL(t)
 	html := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		_, _ = io.WriteString(w, "<!doctype html><title>It works</title>")

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testcerts"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 const redisInstallHint = "install Redis: apt-get install -y redis-server (or run make deps)"
@@ -57,7 +58,7 @@ func newRedisServer(t testing.TB, args ...string) *redisServer {
 	t.Helper()
 	dir := t.TempDir()
 	r := &redisServer{
-		Addr: "127.0.0.1:" + strconv.Itoa(freePort(t)),
+		Addr: "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t)),
 		bin:  "redis-server",
 		dir:  dir,
 		log:  filepath.Join(dir, "redis.log"),
@@ -116,7 +117,7 @@ func startSentinelSet(t testing.TB) *sentinelSet {
 	var logs []string
 	for i := 0; i < 3; i++ {
 		dir := t.TempDir()
-		port := freePort(t)
+		port := testnet.FreePort(t)
 		conf := filepath.Join(dir, "sentinel.conf")
 		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %s 2\n"+
 			"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n",

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // A config the built binary refuses changes nothing that runs. The live
@@ -29,7 +31,7 @@ func TestRefusedConfigLeavesTheRunningSettingsAlone(t *testing.T) {
 	conflicting := strings.Replace(caddySite(strings.Replace(live, "reject", "forward", 1)),
 		"{$MCP_TEST_PORT}", c.URL[strings.LastIndex(c.URL, ":")+1:], 1)
 	conflicting = strings.Replace(conflicting, "{$MCP_TEST_ADMIN}", c.Admin, 1)
-	conflicting += fmt.Sprintf("\nhttp://127.0.0.1:%d {\n%s\n}\n", freePort(t), strings.Replace(live, "reject", "synthesize", 1))
+	conflicting += fmt.Sprintf("\nhttp://127.0.0.1:%d {\n%s\n}\n", testnet.FreePort(t), strings.Replace(live, "reject", "synthesize", 1))
 	req, _ := http.NewRequest(http.MethodPost, "http://"+c.Admin+"/load", strings.NewReader(conflicting))
 	req.Header.Set("Content-Type", "text/caddyfile")
 	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)

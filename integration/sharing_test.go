@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // threePHPSites is one Caddyfile with three sites in front of the same
@@ -43,7 +45,7 @@ func TestThreeSitesSharingATableWithDifferentActionsAreRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, caddyBinary(t), "validate", "--config", path, "--adapter", "caddyfile")
-	cmd.Env = append(os.Environ(), "MCP_TEST_ADMIN=127.0.0.1:"+fmt.Sprint(freePort(t)))
+	cmd.Env = append(os.Environ(), "MCP_TEST_ADMIN=127.0.0.1:"+fmt.Sprint(testnet.FreePort(t)))
 	out, err := cmd.CombinedOutput()
 	t.Logf("caddy validate: %v\n%s", err, tail(string(out), 2000))
 	if err == nil {
@@ -64,7 +66,7 @@ func TestThreeSitesSharingATableWithDifferentActionsAreRefused(t *testing.T) {
 func TestThreeNamedSitesInFrontOfOnePoolBehaveAsWritten(t *testing.T) {
 	prerequisites(t)
 	fpm := startPHPFPM(t, phpFPMOptions{Workers: 4})
-	addrs := [3]string{"127.0.0.1:{$MCP_TEST_PORT}", fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	addrs := [3]string{"127.0.0.1:{$MCP_TEST_PORT}", fmt.Sprintf("127.0.0.1:%d", testnet.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testnet.FreePort(t))}
 	urls := [3]string{runCaddy(t, threePHPSites(fpm, addrs, "site_%s")).URL, "http://" + addrs[1], "http://" + addrs[2]}
 	client := &http.Client{Timeout: 15 * time.Second}
 

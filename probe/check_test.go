@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/integration/mcpstub"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 	"github.com/mcpserializer/caddy-mcp-serializer/probe"
 )
 
@@ -32,12 +32,7 @@ func TestCheckAcceptsAnMCPServerAndLeavesNoSession(t *testing.T) {
 
 // A target that cannot be probed is named as such, with the reason.
 func TestCheckRejectsWhatCannotBeProbed(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused := "http://" + l.Addr().String() + "/mcp"
-	l.Close()
+	refused := testnet.RefusedURL(t)
 
 	html := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")

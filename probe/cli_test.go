@@ -3,12 +3,12 @@ package probe_test
 import (
 	"bytes"
 	"encoding/json"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/integration/mcpstub"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 	"github.com/mcpserializer/caddy-mcp-serializer/probe"
 )
 
@@ -96,12 +96,7 @@ func TestMainJSONWhenNothingFails(t *testing.T) {
 // Bad input is exit 2 with a message that says what is wrong, and with
 // --json still one object, carrying the message.
 func TestMainBadInput(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused := "http://" + l.Addr().String() + "/mcp"
-	l.Close()
+	refused := testnet.RefusedURL(t)
 	good := serve(t, &fakeServer{})
 	for _, tc := range []struct {
 		name string

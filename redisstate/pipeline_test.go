@@ -9,6 +9,7 @@ import (
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
@@ -113,21 +114,11 @@ func TestRedisRecordFollowsASessionThroughQueuedWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	turn.Done(202)
-	eventuallyTrue(t, "the record open", func() bool { rec, found := lookup(); return found && rec.Open })
+	wait.Until(t, "the record open", func() bool { rec, found := lookup(); return found && rec.Open })
 	turn, err = table.Acquire(ctx, "s", serializer.EndsSession)
 	if err != nil {
 		t.Fatal(err)
 	}
 	turn.Done(200)
-	eventuallyTrue(t, "the record gone", func() bool { _, found := lookup(); return !found })
-}
-
-func eventuallyTrue(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	wait.Until(t, "the record gone", func() bool { _, found := lookup(); return !found })
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
@@ -38,7 +39,7 @@ func TestRedisStateConformance(t *testing.T) {
 // Several addresses make a cluster client: here a one-node Redis Cluster,
 // with a second seed that is down.
 func TestRedisClusterStateConformance(t *testing.T) {
-	port := redistest.Port(t)
+	port := testnet.FreePort(t)
 	addr, _ := redistest.Run(t, port, "--port", strconv.Itoa(port), "--cluster-enabled", "yes",
 		"--cluster-config-file", filepath.Join(t.TempDir(), "nodes.conf"))
 	node := redis.NewClient(&redis.Options{Addr: addr})
@@ -58,7 +59,7 @@ func TestRedisClusterStateConformance(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	down := "127.0.0.1:" + strconv.Itoa(redistest.Port(t))
+	down := "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))
 	n := 0
 	enginetest.Conformance(t, func(t *testing.T, ttl time.Duration) enginetest.Under {
 		n++
@@ -120,7 +121,7 @@ func TestRedisClusterBehindOneAddress(t *testing.T) {
 // failover: the master killed, the sentinel promotes its replica, and the
 // records written before (replicated) and after are there.
 func TestRedisThroughSentinelFollowsAFailover(t *testing.T) {
-	masterPort, replicaPort := redistest.Port(t), redistest.Port(t)
+	masterPort, replicaPort := testnet.FreePort(t), testnet.FreePort(t)
 	master, stopMaster := redistest.Run(t, masterPort, "--port", strconv.Itoa(masterPort))
 	replica, _ := redistest.Run(t, replicaPort, "--port", strconv.Itoa(replicaPort), "--replicaof", "127.0.0.1", strconv.Itoa(masterPort))
 	sentinel := redistest.RunSentinel(t, "mymaster", master)
@@ -337,7 +338,7 @@ func TestRedisDownOrBlackholedAnswersWithinItsTimeout(t *testing.T) {
 	})
 
 	for name, addr := range map[string]string{
-		"down":       "127.0.0.1:" + strconv.Itoa(redistest.Port(t)),
+		"down":       "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t)),
 		"blackholed": blackhole.Addr().String(),
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -378,7 +379,7 @@ func TestRedisDownOrBlackholedAnswersWithinItsTimeout(t *testing.T) {
 // Redis stopped: calls fail, counted; Redis back on the same address: the
 // same engine works again, without a reload.
 func TestRedisEngineRecoversWhenRedisComesBack(t *testing.T) {
-	port := redistest.Port(t)
+	port := testnet.FreePort(t)
 	args := []string{"--port", strconv.Itoa(port)}
 	addr, stop := redistest.Run(t, port, args...)
 	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}, "timeout": "100ms"}).(*Engine)
@@ -414,33 +415,26 @@ func TestRedisEngineRecoversWhenRedisComesBack(t *testing.T) {
 
 func TestRedisRefusesBadSettingsNamingThem(t *testing.T) {
 	for _, tc := range []struct {
-		engine string
-		cfg    map[string]any
-		want   string
+		cfg  map[string]any
+		want string
 	}{
-		{"redis", map[string]any{"address": []string{"127.0.0.1"}}, "address"},
-		{"redis", map[string]any{"db": -1}, "db"},
-		{"redis", map[string]any{"db": 2, "address": []string{"127.0.0.1:1", "127.0.0.1:2"}}, "db"},
-		{"redis", map[string]any{"timeout": "-1s"}, "timeout"},
-		{"redis", map[string]any{"tls_ca_file": "/nonexistent/ca.pem"}, "tls_ca_file"},
-		{"redis", map[string]any{"db": 2, "cluster": true, "address": []string{"127.0.0.1:1"}}, "db"},
-		{"redis", map[string]any{"cluster": true}, "cluster needs address"},
-		{"redis", map[string]any{"sentinel": []string{"127.0.0.1:26379"}}, "sentinel needs master_name"},
-		{"redis", map[string]any{"master_name": "mymaster"}, "master_name needs sentinel"},
-		{"redis", map[string]any{"sentinel": []string{"127.0.0.1:26379"}, "master_name": "m", "address": []string{"127.0.0.1:6379"}}, "sentinel and address together"},
-		{"redis", map[string]any{"sentinel": []string{"127.0.0.1:26379"}, "master_name": "m", "cluster": true}, "sentinel and cluster together"},
-		{"redis", map[string]any{"sentinel": []string{"127.0.0.1"}, "master_name": "m"}, "sentinel"},
-		{"redis", map[string]any{"sentinel_password": "x"}, "sentinel_username and sentinel_password need sentinel"},
-		{"redis", map[string]any{"tls_cert_file": "/etc/c.pem"}, "tls_cert_file needs tls_key_file"},
-		{"redis", map[string]any{"tls_key_file": "/etc/c.key"}, "tls_key_file needs tls_cert_file"},
-		{"redis", map[string]any{"tls_cert_file": "/nonexistent/c.pem", "tls_key_file": "/nonexistent/c.key"}, "tls_cert_file, tls_key_file"},
+		{map[string]any{"address": []string{"127.0.0.1"}}, "address"},
+		{map[string]any{"db": -1}, "db"},
+		{map[string]any{"db": 2, "address": []string{"127.0.0.1:1", "127.0.0.1:2"}}, "db"},
+		{map[string]any{"timeout": "-1s"}, "timeout"},
+		{map[string]any{"tls_ca_file": "/nonexistent/ca.pem"}, "tls_ca_file"},
+		{map[string]any{"db": 2, "cluster": true, "address": []string{"127.0.0.1:1"}}, "db"},
+		{map[string]any{"cluster": true}, "cluster needs address"},
+		{map[string]any{"sentinel": []string{"127.0.0.1:26379"}}, "sentinel needs master_name"},
+		{map[string]any{"master_name": "mymaster"}, "master_name needs sentinel"},
+		{map[string]any{"sentinel": []string{"127.0.0.1:26379"}, "master_name": "m", "address": []string{"127.0.0.1:6379"}}, "sentinel and address together"},
+		{map[string]any{"sentinel": []string{"127.0.0.1:26379"}, "master_name": "m", "cluster": true}, "sentinel and cluster together"},
+		{map[string]any{"sentinel": []string{"127.0.0.1"}, "master_name": "m"}, "sentinel"},
+		{map[string]any{"sentinel_password": "x"}, "sentinel_username and sentinel_password need sentinel"},
+		{map[string]any{"tls_cert_file": "/etc/c.pem"}, "tls_cert_file needs tls_key_file"},
+		{map[string]any{"tls_key_file": "/etc/c.key"}, "tls_key_file needs tls_cert_file"},
+		{map[string]any{"tls_cert_file": "/nonexistent/c.pem", "tls_key_file": "/nonexistent/c.key"}, "tls_cert_file, tls_key_file"},
 	} {
-		raw, _ := json.Marshal(tc.cfg)
-		ctx, cancel := caddy.NewContext(*enginetest.FileStorage(t.TempDir()))
-		_, err := ctx.LoadModuleByID("http.handlers.mcp_serializer.state."+tc.engine, raw)
-		cancel()
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s %s: err = %v, want one naming %q", tc.engine, raw, err, tc.want)
-		}
+		enginetest.Refuses(t, "redis", tc.cfg, tc.want)
 	}
 }

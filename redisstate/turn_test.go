@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
@@ -126,7 +127,7 @@ func TestRedisAnnouncesAsksHandOnsAndOpenedGates(t *testing.T) {
 			t.Fatalf("nothing announced, want %+v", want)
 		}
 	}
-	eventuallyTrue(t, "the subscription is confirmed", eng.Announcing)
+	wait.Until(t, "the subscription is confirmed", eng.Announcing)
 	if _, _, err := eng.TakeTurn(ctx, "k", "first", 0, time.Second, time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +192,7 @@ func BenchmarkSessionRequestOnRedis(b *testing.B) {
 				tabs = append(tabs, newTable(b, bench.order))
 			}
 			if bench.order == "cluster" {
-				eventuallyTrueB(b, eng.Announcing)
+				wait.Until(b, "the engine announcing", eng.Announcing)
 			}
 			ctx := context.Background()
 			id := "bench-" + bench.name
@@ -220,18 +221,8 @@ func BenchmarkSessionRequestOnRedis(b *testing.B) {
 func BenchmarkTurnHandOnOnRedisCluster(b *testing.B) {
 	addrs := redistest.StartCluster(b, 3)
 	eng := enginetest.Load(b, nil, "redis", map[string]any{"address": []string{addrs[0]}, "cluster": true}).(*Engine)
-	var tabs []*serializer.Table
-	for range 2 {
-		shared := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
-		cluster := stateengine.NewCluster(shared, eng)
-		cfg := serializer.Defaults()
-		cluster.Configure(&cfg)
-		cfg.StoreTimeout = time.Second
-		tab := serializer.NewTable(cfg)
-		b.Cleanup(tab.Close)
-		tabs = append(tabs, tab)
-	}
-	eventuallyTrueB(b, eng.Announcing)
+	tabs := clusterTables(b, eng, 2, zap.NewNop(), time.Second)
+	wait.Until(b, "the engine announcing", eng.Announcing)
 	ctx := context.Background()
 	ids := make([]string, 64)
 	for i := range ids {
@@ -390,13 +381,6 @@ func readNodeLoad(t testing.TB, c *redis.Client) nodeLoad {
 	return load
 }
 
-func eventuallyTrueB(b *testing.B, cond func() bool) {
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // Redis 7 and Valkey give a new ACL user no channel (acl-pubsub-default
 // resetchannels). Such a user's turns still move between instances by
 // reading, each at once rather than when a lease runs out, and the
@@ -412,17 +396,8 @@ func TestClusterTurnsMoveWithoutChannelRights(t *testing.T) {
 	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}, "username": "mcp", "password": "pw", "timeout": "1s"}).(*Engine)
 	core, logs := observer.New(zap.WarnLevel)
 	eng.logger = zap.New(core)
-	var tabs []*serializer.Table
-	for range 2 {
-		shared := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
-		cluster := stateengine.NewCluster(shared, eng)
-		cfg := serializer.Defaults()
-		cluster.Configure(&cfg)
-		tab := serializer.NewTable(cfg)
-		t.Cleanup(tab.Close)
-		tabs = append(tabs, tab)
-	}
-	eventuallyTrue(t, "the refused subscription is logged", func() bool { return logs.Len() > 0 })
+	tabs := clusterTables(t, eng, 2, zap.NewNop(), 0)
+	wait.Until(t, "the refused subscription is logged", func() bool { return logs.Len() > 0 })
 	for i := range 20 { // round robin
 		actx, cancel := context.WithTimeout(ctx, serializer.TurnLease/2)
 		turn, err := tabs[i%2].Acquire(actx, "s", 0)
@@ -511,16 +486,8 @@ func TestRedisEngineRunsAsTheLeastPrivilegedUser(t *testing.T) {
 	eng := load(t, "mcp_serializer:") // the default, whose channel the rule names
 	core, logs := observer.New(zap.WarnLevel)
 	eng.logger = zap.New(core)
-	var tabs []*serializer.Table
-	for range 2 {
-		cluster := stateengine.NewCluster(enginetest.NewAdapter(eng, time.Hour, zap.New(core)), eng)
-		cfg := serializer.Defaults()
-		cluster.Configure(&cfg)
-		tab := serializer.NewTable(cfg)
-		t.Cleanup(tab.Close)
-		tabs = append(tabs, tab)
-	}
-	eventuallyTrue(t, "the subscription is confirmed", eng.Announcing)
+	tabs := clusterTables(t, eng, 2, zap.New(core), 0)
+	wait.Until(t, "the subscription is confirmed", eng.Announcing)
 	initialize, _ := tabs[0].Begin("s", nil)
 	initialize.Done(200)
 	for i, traits := range []serializer.Traits{serializer.CarriesInitialized, 0, 0, 0, serializer.EndsSession} {
@@ -562,4 +529,22 @@ func TestDocsGiveTheTestedACLRule(t *testing.T) {
 	if want := "ACL SETUSER mcp_serializer on >{password} " + leastPrivilegeACL + "\n"; !strings.Contains(string(page), want) {
 		t.Fatalf("docs/several-instances.md lacks the tested ACL rule:\n%s", want)
 	}
+}
+
+// clusterTables makes n tables on eng with order cluster, as n instances
+// would, their failures logged to logger; storeTimeout, unless 0, bounds
+// each engine call instead of the engine's own timeout.
+func clusterTables(t testing.TB, eng *Engine, n int, logger *zap.Logger, storeTimeout time.Duration) []*serializer.Table {
+	var tabs []*serializer.Table
+	for range n {
+		cfg := serializer.Defaults()
+		stateengine.NewCluster(enginetest.NewAdapter(eng, time.Hour, logger), eng).Configure(&cfg)
+		if storeTimeout > 0 {
+			cfg.StoreTimeout = storeTimeout
+		}
+		tab := serializer.NewTable(cfg)
+		t.Cleanup(tab.Close)
+		tabs = append(tabs, tab)
+	}
+	return tabs
 }

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testclock"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
@@ -102,7 +103,7 @@ func TestAdapterWarnsOncePerOperationPerIntervalWithoutTheSessionID(t *testing.T
 	eng := hungEngine{release: make(chan struct{})}
 	defer close(eng.release)
 	store := NewAdapter(eng, time.Hour, zap.New(core), testErrors)
-	clock := newTestClock()
+	clock := testclock.New()
 	store.now = clock.Now
 	ctx := context.Background()
 	const id = "secret-session-id"
@@ -301,7 +302,7 @@ func TestAdapterBoundsTheCallsInFlightOnAnEngineThatIgnoresItsContext(t *testing
 func TestAdapterRemembersNotFoundBriefly(t *testing.T) {
 	eng := newFakeEngine()
 	store := NewAdapter(eng, time.Hour, zap.NewNop(), testErrors)
-	clock := newTestClock()
+	clock := testclock.New()
 	store.now = clock.Now
 	ctx := context.Background()
 	lookup := func(id string) bool {
@@ -409,23 +410,3 @@ func TestNotFoundCacheStaysWithinItsEntriesUnderAFloodOfUniqueIDs(t *testing.T) 
 
 // testErrors counts the failures of the adapters these tests make.
 var testErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "state_errors_total"}, []string{"op"})
-
-// testClock is a clock the test moves.
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newTestClock() *testClock { return &testClock{now: time.Now()} }
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}

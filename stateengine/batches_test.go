@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -82,16 +83,6 @@ func queued(s *Adapter) int {
 	return len(s.writes.queued)
 }
 
-func eventuallyTrue(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // awaitAll waits for the calls' answers, each bounded.
 func awaitAll(t *testing.T, errs <-chan error, n int) []error {
 	t.Helper()
@@ -118,7 +109,7 @@ func TestAdapterSendsTheWritesMadeDuringAnExchangeTogetherInTheNext(t *testing.T
 	go func() { errs <- store.InitializeEnded(ctx, "b") }()
 	go func() { errs <- store.Opened(ctx, "c") }()
 	go func() { errs <- store.Forget(ctx, "d") }()
-	eventuallyTrue(t, "three writes queued", func() bool { return queued(store) == 3 })
+	wait.Until(t, "three writes queued", func() bool { return queued(store) == 3 })
 	close(eng.holdFirst)
 	for _, err := range awaitAll(t, errs, 4) {
 		if err != nil {
@@ -153,7 +144,7 @@ func TestAdapterCreatedStartsAnExchangeBesideOneInFlight(t *testing.T) {
 	}
 
 	go func() { errs <- store.Touch(ctx, "b") }()
-	eventuallyTrue(t, "the Touch queued", func() bool { return queued(store) == 1 })
+	wait.Until(t, "the Touch queued", func() bool { return queued(store) == 1 })
 	if n := len(eng.sent()); n != 2 {
 		t.Fatalf("%d batches sent while the first was in flight, want 2 (it and Created's)", n)
 	}
@@ -192,7 +183,7 @@ func TestAdapterNeverSendsAWriteItsCallerStoppedWaitingFor(t *testing.T) {
 	if err := awaitAll(t, errs, 1)[0]; err != nil {
 		t.Fatal(err)
 	}
-	eventuallyTrue(t, "the sender idle", func() bool {
+	wait.Until(t, "the sender idle", func() bool {
 		store.writes.mu.Lock()
 		defer store.writes.mu.Unlock()
 		return store.writes.idle == store.writes.senders
@@ -220,7 +211,7 @@ func TestAdapterSendersEndOnceNoWritesCome(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventuallyTrue(t, "no sender left", func() bool {
+	wait.Until(t, "no sender left", func() bool {
 		store.writes.mu.Lock()
 		defer store.writes.mu.Unlock()
 		return store.writes.senders == 0 && store.writes.idle == 0
@@ -239,7 +230,7 @@ func takeEverySlot(t *testing.T, eng *batchingEngine, store *Adapter) <-chan err
 	for i := range maxStateCallsInFlight - 1 {
 		go func() { errs <- store.Touch(ctx, strconv.Itoa(i)) }()
 	}
-	eventuallyTrue(t, "every slot taken", func() bool { return queued(store) == maxStateCallsInFlight-1 })
+	wait.Until(t, "every slot taken", func() bool { return queued(store) == maxStateCallsInFlight-1 })
 	return errs
 }
 
@@ -313,8 +304,8 @@ func TestAdapterQueuedWritesGoInTheNextBatchWithNobodyWaiting(t *testing.T) {
 	if got := eng.sent(); len(got) != 2 || !slices.Equal(got[1], []string{"initialize_ended " + k, "opened " + k, "forget " + k}) {
 		t.Fatalf("batches %q, want the three queued writes together in the second", got)
 	}
-	eventuallyTrue(t, "the slots back", func() bool { return len(store.slots) == 0 })
-	eventuallyTrue(t, "each write answered", func() bool { return answered.Load() == 3 })
+	wait.Until(t, "the slots back", func() bool { return len(store.slots) == 0 })
+	wait.Until(t, "each write answered", func() bool { return answered.Load() == 3 })
 	lookups := eng.lookups.Load()
 	if _, found, err := store.Lookup(ctx, "b"); err != nil || found {
 		t.Fatalf("Lookup = %v, %v", found, err)
@@ -350,9 +341,9 @@ func TestAdapterCountsAndHandsBackAQueuedWriteThatFails(t *testing.T) {
 	}) {
 		t.Fatal("declined")
 	}
-	eventuallyTrue(t, "the failure counted", func() bool { return testutil.ToFloat64(counter) == before+1 })
-	eventuallyTrue(t, "the slot back", func() bool { return len(store.slots) == 0 })
-	eventuallyTrue(t, "the write handed back", func() bool { return handedBack.Load() == 1 })
+	wait.Until(t, "the failure counted", func() bool { return testutil.ToFloat64(counter) == before+1 })
+	wait.Until(t, "the slot back", func() bool { return len(store.slots) == 0 })
+	wait.Until(t, "the write handed back", func() bool { return handedBack.Load() == 1 })
 }
 
 // An engine that takes no batches (Caddy storage) gets its writes one at

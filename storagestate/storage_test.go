@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"path"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,12 +14,13 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testclock"
 	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
 
 func TestStorageStateConformance(t *testing.T) {
 	enginetest.Conformance(t, func(t *testing.T, ttl time.Duration) enginetest.Under {
-		clock := enginetest.NewClock()
+		clock := testclock.New()
 		eng := enginetest.Load(t, enginetest.FileStorage(t.TempDir()), "storage", nil).(*Engine)
 		eng.now = clock.Now
 		return enginetest.Under{Store: enginetest.NewAdapter(eng, ttl, zap.NewNop()), Advance: clock.Advance}
@@ -57,7 +57,7 @@ func TestStorageInstancesOnOneDirectorySeeEachOthersRecords(t *testing.T) {
 
 func TestStorageSweeperRemovesExpiredRecordsOneInstanceAtATime(t *testing.T) {
 	dir := t.TempDir()
-	clock := enginetest.NewClock()
+	clock := testclock.New()
 	a := enginetest.Load(t, enginetest.FileStorage(dir), "storage", map[string]any{"timeout": "200ms"}).(*Engine)
 	b := enginetest.Load(t, enginetest.FileStorage(dir), "storage", map[string]any{"timeout": "200ms"}).(*Engine)
 	a.now, b.now = clock.Now, clock.Now
@@ -134,7 +134,7 @@ func (h *hookedStorage) Load(ctx context.Context, key string) ([]byte, error) {
 
 // newEngine starts a storage engine on storage, without Caddy, on
 // clock (nil: the system's), stopped when the test ends.
-func newEngine(t *testing.T, storage certmagic.Storage, logger *zap.Logger, clock *enginetest.Clock) *Engine {
+func newEngine(t *testing.T, storage certmagic.Storage, logger *zap.Logger, clock *testclock.Clock) *Engine {
 	t.Helper()
 	s := &Engine{Timeout: caddy.Duration(5 * time.Second), SweepInterval: caddy.Duration(time.Hour)}
 	if clock != nil {
@@ -184,7 +184,7 @@ func TestStorageCleanupDoesNotWaitForASweeperHungOnTheStorage(t *testing.T) {
 // An instance touching a record after the sweeper read it as expired
 // keeps it: the sweeper reads it again before deleting.
 func TestStorageSweeperKeepsARecordTouchedAfterItWasRead(t *testing.T) {
-	clock := enginetest.NewClock()
+	clock := testclock.New()
 	storage := &hookedStorage{Storage: &certmagic.FileStorage{Path: t.TempDir()}}
 	s := newEngine(t, storage, zap.NewNop(), clock)
 	ctx := context.Background()
@@ -217,7 +217,7 @@ func TestStorageSweeperKeepsARecordTouchedAfterItWasRead(t *testing.T) {
 // unreadableFactAge after it last changed, then the record goes, with a
 // WARN.
 func TestStorageSweeperRemovesRecordsWithUnparsableFactsOnceTheyAreOld(t *testing.T) {
-	clock := enginetest.NewClock()
+	clock := testclock.New()
 	storage := &certmagic.FileStorage{Path: t.TempDir()}
 	core, logs := observer.New(zap.WarnLevel)
 	s := newEngine(t, storage, zap.New(core), clock)
@@ -293,19 +293,12 @@ func TestStorageSweeperRunsOnItsIntervalAndStopsOnCleanup(t *testing.T) {
 
 func TestStorageRefusesBadSettingsNamingThem(t *testing.T) {
 	for _, tc := range []struct {
-		engine string
-		cfg    map[string]any
-		want   string
+		cfg  map[string]any
+		want string
 	}{
-		{"storage", map[string]any{"timeout": "-1s"}, "timeout"},
-		{"storage", map[string]any{"sweep_interval": "-1s"}, "sweep_interval"},
+		{map[string]any{"timeout": "-1s"}, "timeout"},
+		{map[string]any{"sweep_interval": "-1s"}, "sweep_interval"},
 	} {
-		raw, _ := json.Marshal(tc.cfg)
-		ctx, cancel := caddy.NewContext(*enginetest.FileStorage(t.TempDir()))
-		_, err := ctx.LoadModuleByID("http.handlers.mcp_serializer.state."+tc.engine, raw)
-		cancel()
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s %s: err = %v, want one naming %q", tc.engine, raw, err, tc.want)
-		}
+		enginetest.Refuses(t, "storage", tc.cfg, tc.want)
 	}
 }

@@ -6,7 +6,7 @@ package enginetest
 import (
 	"context"
 	"encoding/json"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -205,31 +205,23 @@ func FileStorage(root string) *caddy.Context {
 	return &ctx
 }
 
-// Clock is a clock the test moves.
-type Clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-// NewClock starts at the system's time.
-func NewClock() *Clock { return &Clock{now: time.Now()} }
-
 // Errors counts the failures of the adapters NewAdapter makes, by op.
 var Errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "state_errors_total"}, []string{"op"})
 
 // NewAdapter makes engine a table's Store, its failures counted in Errors.
 func NewAdapter(engine stateengine.Engine, ttl time.Duration, logger *zap.Logger) *stateengine.Adapter {
 	return stateengine.NewAdapter(engine, ttl, logger, Errors)
+}
+
+// Refuses checks that the state engine named engine refuses cfg, its JSON
+// config, when it loads, with an error that names want.
+func Refuses(t *testing.T, engine string, cfg map[string]any, want string) {
+	t.Helper()
+	raw, _ := json.Marshal(cfg)
+	ctx, cancel := caddy.NewContext(*FileStorage(t.TempDir()))
+	defer cancel()
+	_, err := ctx.LoadModuleByID("http.handlers.mcp_serializer.state."+engine, raw)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s %s: err = %v, want one naming %q", engine, raw, err, want)
+	}
 }

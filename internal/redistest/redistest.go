@@ -20,13 +20,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testcerts"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // Start runs a redis-server on a free loopback port for the test and
 // returns its address.
 func Start(t testing.TB, args ...string) string {
 	t.Helper()
-	port := Port(t)
+	port := testnet.FreePort(t)
 	addr, _ := Run(t, port, append([]string{"--port", strconv.Itoa(port)}, args...)...)
 	return addr
 }
@@ -67,22 +68,12 @@ func Run(t testing.TB, port int, args ...string) (addr string, stop func()) {
 	}
 }
 
-func Port(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // RunSentinel starts a Sentinel on loopback watching master under name,
 // quick to fail over (a second to call it down), and returns its address.
 func RunSentinel(t testing.TB, name, master string) string {
 	t.Helper()
 	host, port, _ := net.SplitHostPort(master)
-	sentinelPort := Port(t)
+	sentinelPort := testnet.FreePort(t)
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "sentinel.conf")
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
@@ -127,7 +118,7 @@ func StartCluster(t testing.TB, n int) []string {
 	}
 	var addrs []string
 	for range n {
-		port := Port(t)
+		port := testnet.FreePort(t)
 		addr, _ := Run(t, port, "--port", strconv.Itoa(port), "--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(t.TempDir(), "nodes.conf"))
 		addrs = append(addrs, addr)
@@ -161,7 +152,7 @@ func StartCluster(t testing.TB, n int) []string {
 func StartTLS(t testing.TB, authClients string) (addr, caFile, certFile, keyFile string) {
 	t.Helper()
 	caFile, certFile, keyFile = writeCerts(t, t.TempDir())
-	port := Port(t)
+	port := testnet.FreePort(t)
 	addr, _ = Run(t, port, "--port", "0", "--tls-port", strconv.Itoa(port),
 		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile,
 		"--tls-auth-clients", authClients)
