@@ -788,12 +788,16 @@ func TestFailingWriteIsTriedForAsLongAsInitTimeout(t *testing.T) {
 	store.mu.Unlock()
 	initialize.Done(200)
 	const want = 13
-	for range 40 {
+	// The clock moves until the tries stop coming, a pause at a time (each
+	// try's pause is set once its failure is answered); then further.
+	eventually(t, func() bool {
+		clock.Advance(maxWriteRetryPause)
+		return store.count("InitializeEnded") >= want
+	})
+	for range 20 {
 		clock.Advance(maxWriteRetryPause)
 		time.Sleep(time.Millisecond)
 	}
-	eventually(t, func() bool { return store.count("InitializeEnded") == want })
-	time.Sleep(20 * time.Millisecond)
 	if n := store.count("InitializeEnded"); n != want {
 		t.Fatalf("%d attempts, want %d", n, want)
 	}
