@@ -74,29 +74,30 @@ func (s *Session) sendNextWrite() {
 func (s *Session) written(cfg *Config, op storeOp, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err == nil {
-		s.retryPause, s.retried = 0, 0
-		s.sendNextWrite()
-		return
-	}
-	pause := min(max(2*s.retryPause, firstWriteRetryPause), maxWriteRetryPause)
-	if s.retried+pause > cfg.InitTimeout {
-		s.retryPause, s.retried = 0, 0 // given up; the store counted each failure
-		s.sendNextWrite()
-		return
-	}
-	s.retryPause, s.retried = pause, s.retried+pause
-	s.nextWrite = max(s.nextWrite, op)
-	go func() {
-		slept := s.table.sleep(pause)
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if !slept {
-			s.writing = false // the table closed
+	if err != nil {
+		if pause := min(max(2*s.retryPause, firstWriteRetryPause), maxWriteRetryPause); s.retried+pause <= cfg.InitTimeout {
+			s.retryPause, s.retried = pause, s.retried+pause
+			s.nextWrite = max(s.nextWrite, op)
+			go s.retryAfter(pause)
 			return
 		}
-		s.sendNextWrite()
-	}()
+		// Given up; the store counted each failure.
+	}
+	s.retryPause, s.retried = 0, 0
+	s.sendNextWrite()
+}
+
+// retryAfter sends s's next write, the one that failed among it, after
+// pause.
+func (s *Session) retryAfter(pause time.Duration) {
+	slept := s.table.sleep(pause)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !slept {
+		s.writing = false // the table closed
+		return
+	}
+	s.sendNextWrite()
 }
 
 // The pauses between tries of a failing write: 100 ms, doubling to 1 s.
