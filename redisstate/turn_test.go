@@ -165,13 +165,11 @@ func TestRedisAnnouncesAsksHandOnsAndOpenedGates(t *testing.T) {
 func BenchmarkSessionRequestOnRedis(b *testing.B) {
 	eng := enginetest.Load(b, nil, "redis", map[string]any{"address": []string{redistest.Start(b)}}).(*Engine)
 	newTable := func(b *testing.B, order string) *serializer.Table {
-		shared := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
-		cfg := serializer.Defaults()
 		if order == "cluster" {
-			stateengine.NewCluster(shared, eng).Configure(&cfg)
-		} else {
-			shared.Configure(&cfg)
+			return clusterTables(b, eng, 1, zap.NewNop(), time.Second)[0]
 		}
+		cfg := serializer.Defaults()
+		enginetest.NewAdapter(eng, time.Hour, zap.NewNop()).Configure(&cfg)
 		cfg.StoreTimeout = time.Second
 		tab := serializer.NewTable(cfg)
 		b.Cleanup(tab.Close)
