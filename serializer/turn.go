@@ -187,6 +187,10 @@ func (s *Session) clusterTurn(ctx context.Context, traits Traits, arrival time.T
 	s.turnAskBegan() // replies may overtake a request that waits for its turn
 	s.mu.Unlock()
 
+	// Listening from before the ask until the grant is given up, without a
+	// gap: an ask announced just after the engine served this one would
+	// otherwise be missed, and its asker would wait for its next nudge.
+	unwatch := t.awaitRemote(s)
 	deadline := t.clock.Now().Add(cfg.QueueTimeout - waited)
 	g, err := s.askTurn(ctx, cfg, arrival, deadline)
 	for errors.Is(err, errPassedOver) {
@@ -202,16 +206,21 @@ func (s *Session) clusterTurn(ctx context.Context, traits Traits, arrival time.T
 		if !s.wantHeard.IsZero() {
 			g.askedFor(s.wantHeard)
 		}
-		g.unwatch = t.awaitRemote(s) // to hear the next ask
+		g.unwatch, unwatch = unwatch, nil // to hear the next ask
 		s.clusterGrant = g
 		s.useGrant(g)
 	}
 	s.mu.Unlock()
+	if unwatch != nil {
+		unwatch()
+	}
 	return g, err
 }
 
 // askTurn asks the engine for the cluster turn for a request that arrived
-// at arrival, and waits until it is served.
+// at arrival, and waits until it is served. The caller listens for
+// announcements throughout (awaitRemote), so that a hand-on announced
+// between the answer and the wait is not missed.
 func (s *Session) askTurn(ctx context.Context, cfg *Config, arrival, deadline time.Time) (*turnGrant, error) {
 	t := s.table
 	store := cfg.Turns
@@ -219,9 +228,6 @@ func (s *Session) askTurn(ctx context.Context, cfg *Config, arrival, deadline ti
 		return context.WithTimeout(context.Background(), cfg.StoreTimeout)
 	}
 	token := t.tokens.next()
-	// Listening before asking: a hand-on announced between the answer and
-	// the wait is not missed.
-	defer t.awaitRemote(s)()
 	s.mu.Lock()
 	s.askToken = token
 	changed := s.remoteChange()

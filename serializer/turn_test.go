@@ -671,7 +671,7 @@ func TestEveryWaitingReplyOvertakesARequestThatStartsAskingForItsTurn(t *testing
 	// replies, which cannot overtake a plain exchange.
 	first := mustGet(t, acquireAsync(t, b, bg, "s", 0))
 	sampling := acquireInBackground(a, "s")
-	eventually(t, func() bool { return len(turns.line("s").Waiting) == 1 })
+	eventually(t, func() bool { return heardAsk(b, "s") })
 	clock.Advance(time.Millisecond)
 	next := acquireAsync(t, b, bg, "s", 0)
 	replies := []<-chan result{acquireAsync(t, b, bg, "s", RepliesOnly), acquireAsync(t, b, bg, "s", RepliesOnly)}
@@ -916,6 +916,19 @@ func acquireInBackground(tab *Table, id string) <-chan result {
 		ch <- result{turn, err}
 	}()
 	return ch
+}
+
+// heardAsk reports whether tab, holding id's cluster turn, has heard
+// another instance ask for it: the requests that reach tab from then on
+// go after the asker's.
+func heardAsk(tab *Table, id string) bool {
+	s, ok := tracked(tab, id)
+	if !ok {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clusterGrant != nil && !s.clusterGrant.wantedAt.IsZero()
 }
 
 // resultWithinBackoffs moves the clock on by remoteMaxBackoff until ch has
