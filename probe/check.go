@@ -91,6 +91,9 @@ func (d Driver) Check(ctx context.Context) (Server, error) {
 		return bad(nil, "initialize was answered with HTTP %d %s, %s%s: not an MCP endpoint",
 			resp.status, http.StatusText(resp.status), kind, detail)
 	}
+	if resp.empty {
+		return bad(err, "initialize was answered with an empty %d: not an MCP endpoint%s", resp.status, emptyAnswerHint(d.URL, resp.header))
+	}
 	if err != nil {
 		return bad(err, "initialize was answered with %s that is not JSON-RPC: not an MCP endpoint", kind)
 	}
@@ -146,6 +149,22 @@ func unreachable(err error, rawURL string) string {
 	default:
 		return "cannot reach it: " + err.Error()
 	}
+}
+
+// emptyAnswerHint says what an empty 2xx usually means: Caddy answers
+// so when no site's address matches the host the request named (a site
+// at http://localhost:8080 asked for as http://127.0.0.1:8080).
+func emptyAnswerHint(target string, h http.Header) string {
+	host := target
+	if u, err := url.Parse(target); err == nil {
+		host = u.Host
+	}
+	server := "the server"
+	if strings.HasPrefix(h.Get("Server"), "Caddy") {
+		server = "Caddy"
+	}
+	return fmt.Sprintf(" (%s answers so when no site matches the host asked for; make the site's address name %s, "+
+		"or leave the host out, as in http://:8080)", server, host)
 }
 
 func describeContentType(ct string) string {

@@ -39,6 +39,10 @@ func TestCheckRejectsWhatCannotBeProbed(t *testing.T) {
 		_, _ = io.WriteString(w, "<!doctype html><title>Welcome</title>")
 	}))
 	notFound := serve(t, http.NotFoundHandler())
+	// What Caddy answers when no site's address matches the request's host.
+	noSite := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Server", "Caddy")
+	}))
 	jsonNotRPC := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"status":"ok"}`)
@@ -67,6 +71,8 @@ func TestCheckRejectsWhatCannotBeProbed(t *testing.T) {
 		{"connection refused", refused, "connection refused: nothing listens on " + strings.TrimPrefix(strings.TrimSuffix(refused, "/mcp"), "http://")},
 		{"HTML page", html, "initialize was answered with an HTML page that is not JSON-RPC: not an MCP endpoint"},
 		{"404", notFound, "initialize was answered with HTTP 404 Not Found, text/plain: not an MCP endpoint"},
+		{"empty 200 from Caddy", noSite, "initialize was answered with an empty 200: not an MCP endpoint (Caddy answers so when no site matches the host asked for; make the site's address name " +
+			strings.TrimPrefix(strings.TrimSuffix(noSite, "/mcp"), "http://")},
 		{"JSON, not JSON-RPC", jsonNotRPC, "holds no reply to it: not an MCP endpoint"},
 		{"initialize refused", refusing, "initialize was refused: JSON-RPC error -32602: Unsupported protocol version"},
 		{"no session", sessionless, "the server created no session"},

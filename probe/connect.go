@@ -289,6 +289,7 @@ type response struct {
 	status   int
 	header   http.Header
 	stream   bool // text/event-stream
+	empty    bool // no body at all
 	msgs     []message
 }
 
@@ -379,7 +380,7 @@ func (c *connect) send(ctx context.Context, method, sid, wantID string, body []b
 	if err != nil {
 		return out, c.explain(ctx, fmt.Errorf("reading the %d response: %w", resp.StatusCode, err))
 	}
-	out.answered = true
+	out.answered, out.empty = true, len(data) == 0
 	msgs, err := decodeJSON(data)
 	if !success {
 		// An error page (a proxy's HTML) is reported by its status.
