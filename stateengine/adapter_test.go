@@ -149,8 +149,10 @@ func TestAdapterWarnsOncePerOperationPerIntervalWithoutTheSessionID(t *testing.T
 
 // fakeEngine keeps records in memory and counts the calls that reach it.
 // While hang is open, every call waits for it to close, ignoring its
-// context; while createdHangs is open, Created alone does.
+// context; while createdHangs is open, Created alone does. Its call
+// timeout is long enough for a loaded machine unless a test shortens it.
 type fakeEngine struct {
+	timeout            time.Duration
 	hang, createdHangs chan struct{}
 	entered            atomic.Int64 // calls that reached the engine
 	lookups            atomic.Int64
@@ -160,8 +162,8 @@ type fakeEngine struct {
 	records map[string]serializer.Record
 }
 
-func (*fakeEngine) Abilities() Abilities       { return Abilities{} }
-func (*fakeEngine) CallTimeout() time.Duration { return 20 * time.Millisecond }
+func (*fakeEngine) Abilities() Abilities         { return Abilities{} }
+func (e *fakeEngine) CallTimeout() time.Duration { return e.timeout }
 
 func (e *fakeEngine) enter() {
 	e.entered.Add(1)
@@ -209,7 +211,9 @@ func (e *fakeEngine) Lookup(_ context.Context, key string) (serializer.Record, b
 	return rec, ok, nil
 }
 
-func newFakeEngine() *fakeEngine { return &fakeEngine{records: map[string]serializer.Record{}} }
+func newFakeEngine() *fakeEngine {
+	return &fakeEngine{timeout: 10 * time.Second, records: map[string]serializer.Record{}}
+}
 
 // An engine that hangs ignoring its context keeps a goroutine per call
 // until it returns: the adapter stops calling it once
@@ -217,6 +221,7 @@ func newFakeEngine() *fakeEngine { return &fakeEngine{records: map[string]serial
 // and calls it again only when one has returned.
 func TestAdapterBoundsTheCallsInFlightOnAnEngineThatIgnoresItsContext(t *testing.T) {
 	eng := newFakeEngine()
+	eng.timeout = 20 * time.Millisecond
 	eng.hang = make(chan struct{})
 	released := false
 	release := func() {
