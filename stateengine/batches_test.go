@@ -83,6 +83,13 @@ func queued(s *Adapter) int {
 	return len(s.writes.queued)
 }
 
+// idleSenders counts the adapter's senders waiting for writes.
+func idleSenders(s *Adapter) int {
+	s.writes.mu.Lock()
+	defer s.writes.mu.Unlock()
+	return s.writes.idle
+}
+
 // awaitAll waits for the calls' answers, each bounded.
 func awaitAll(t *testing.T, errs <-chan error, n int) []error {
 	t.Helper()
@@ -142,6 +149,9 @@ func TestAdapterCreatedStartsAnExchangeBesideOneInFlight(t *testing.T) {
 	if err := awaitAll(t, errs, 1)[0]; err != nil {
 		t.Fatalf("Created = %v", err)
 	}
+	// Created's sender answers before it goes idle; until it does, a
+	// write would still go out with it.
+	wait.Until(t, "Created's sender idle", func() bool { return idleSenders(store) == 1 })
 
 	go func() { errs <- store.Touch(ctx, "b") }()
 	wait.Until(t, "the Touch queued", func() bool { return queued(store) == 1 })
