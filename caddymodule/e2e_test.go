@@ -301,10 +301,11 @@ func TestSessionStillInitializingIsGatedAcrossReload(t *testing.T) {
 	}
 	up.next(t)
 	setLevel := sendAsync(context.Background(), c.url, "s-new", `{"jsonrpc":"2.0","id":2,"method":"logging/setLevel"}`)
+	c.awaitWaiting(t, 1)
 
 	c.reload(t, fmt.Sprintf(site, "20s"))
 	toolsList := sendAsync(context.Background(), c.url, "s-new", `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
-	time.Sleep(200 * time.Millisecond)
+	c.awaitWaiting(t, 2)
 	if n := len(up.requests()); n != 1 {
 		t.Fatalf("upstream saw %d requests before initialized, want only initialize", n)
 	}

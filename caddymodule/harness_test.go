@@ -18,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
 )
 
 // testCaddy is Caddy running in this process with one site.
@@ -89,6 +90,24 @@ func (c *testCaddy) reload(t *testing.T, site string) {
 	// A reload closes the server's idle keep-alive connections; a request
 	// sent on one at that moment fails with EOF before Caddy reads it.
 	http.DefaultClient.CloseIdleConnections()
+}
+
+// awaitWaiting waits until n requests wait for their turn, over every
+// session table, as the admin endpoint counts them: a request sent
+// asynchronously has then reached its place in its session's line.
+func (c *testCaddy) awaitWaiting(t *testing.T, n int) {
+	t.Helper()
+	wait.Until(t, fmt.Sprintf("%d requests waiting", n), func() bool {
+		_, _, v := adminRequest(t, http.MethodGet, c.admin+"/mcp_serializer/sessions")
+		tables, _ := v["tables"].([]any)
+		waiting := 0
+		for _, tb := range tables {
+			counts, _ := tb.(map[string]any)["counts"].(map[string]any)
+			w, _ := counts["waiting_requests"].(float64)
+			waiting += int(w)
+		}
+		return waiting == n
+	})
 }
 
 // upstream is a scripted MCP upstream that records what reaches it.
