@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -222,5 +223,59 @@ func logSamples(t *testing.T, samples []string) {
 			break
 		}
 		t.Logf("  %s", s)
+	}
+}
+
+// callsResult is the client's `calls` mode report.
+type callsResult struct {
+	OK             bool           `json:"ok"`
+	Error          string         `json:"error"`
+	Calls          int            `json:"calls"`
+	WrongCalls     int            `json:"wrongCalls"`
+	IDMismatches   int            `json:"idMismatches"`
+	HTTPErrors     map[string]int `json:"httpErrors"`
+	HTTPErrorCount int            `json:"httpErrorCount"`
+	FailedConnects int            `json:"failedConnects"`
+	Samples        []string       `json:"samples"`
+	RoundP50Ms     float64        `json:"roundP50Ms"`
+	ElapsedMs      int            `json:"elapsedMs"`
+}
+
+func (r callsResult) summary() string {
+	return fmt.Sprintf("%d calls: %d wrong or unanswered, %d replies with another request's id, HTTP errors %v; a round's p50 %.0f ms, took %d ms",
+		r.Calls, r.WrongCalls, r.IDMismatches, r.HTTPErrors, r.RoundP50Ms, r.ElapsedMs)
+}
+
+// An agent sends the calls of one turn at once, all on its session.
+// Straight to PHP-FPM, the workers' whole-record saves hand calls each
+// other's replies or lose them (HTTP 500); through the module they run one
+// after another, and every call gets its own answer.
+func TestParallelCallsOfOneSessionGetTheirOwnAnswersOnlyThroughTheModule(t *testing.T) {
+	prerequisites(t)
+	fpm := startPHPFPM(t, phpFPMOptions{})
+	direct := startCaddy(t, caddySite(fpm.fastcgiDirectives()))
+	through := startCaddy(t, caddySite("\tmcp_serializer\n"+fpm.fastcgiDirectives()))
+	args := []string{"--n", "20", "--concurrency", "4", "--calls", "3", "--timeout", "2000"}
+
+	var d, th callsResult
+	runClient(t, 5*time.Minute, &d, append([]string{"calls", "--url", direct + "/mcp"}, args...)...)
+	t.Logf("direct to PHP-FPM: %s", d.summary())
+	logSamples(t, d.Samples)
+	runClient(t, 5*time.Minute, &th, append([]string{"calls", "--url", through + "/mcp"}, args...)...)
+	t.Logf("through mcp_serializer: %s", th.summary())
+	logSamples(t, th.Samples)
+	t.Logf("PHP error log: %s", fpm.logSummary())
+
+	if d.Error != "" || th.Error != "" {
+		t.Fatalf("client error: %q direct, %q through", d.Error, th.Error)
+	}
+	if d.FailedConnects != 0 || d.Calls != 60 {
+		t.Fatalf("direct: %d connects failed, %d calls made of 60: the backend does not work at all", d.FailedConnects, d.Calls)
+	}
+	if d.WrongCalls+d.IDMismatches+d.HTTPErrorCount == 0 {
+		t.Errorf("direct: every call got its own answer: the race between one session's calls is not reproduced (widen MCP_PHP_WORK_MS)")
+	}
+	if !th.OK || th.WrongCalls != 0 || th.IDMismatches != 0 || th.HTTPErrorCount != 0 {
+		t.Errorf("through the module: %s; want every call answered with its own reply", th.summary())
 	}
 }

@@ -41,6 +41,17 @@
 //   works, then DELETE and close. Each request times out after --timeout ms.
 //   Counts failed sessions by the step that failed, and the GET statuses
 //   ("none" when the GET had no answer before the session ended).
+//
+// calls: N ordinary SDK sessions, `--concurrency` at a time; each connects,
+//   then sends `--calls` (3) tools/call `echo` with texts of its own at once,
+//   as an agent does with the calls of one turn, `--rounds` (1) times, then
+//   DELETE. `--tool slow_count --steps N` sends `slow_count` calls instead
+//   (each streams N progress steps, MCP_PHP_PROGRESS_MS apart), to time
+//   calls that take a while. Counts calls answered with another call's text or not answered
+//   (an error, or no reply within --timeout), replies carrying another
+//   request's id, and HTTP errors by status; roundP50Ms is the median time
+//   from sending a round's calls to the last answer. The SDK's GET is
+//   answered 405 locally, so that it pins no PHP-FPM worker.
 
 import { performance } from 'node:perf_hooks';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
@@ -52,7 +63,7 @@ const MAX_SAMPLES = 20;
 
 function parseArgs(argv) {
   const [mode, ...rest] = argv;
-  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false, timeoutMs: REPLY_TIMEOUT_MS };
+  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false, timeoutMs: REPLY_TIMEOUT_MS, calls: 3, rounds: 1, tool: 'echo', steps: 5 };
   for (let i = 0; i < rest.length; i++) {
     const arg = rest[i];
     const next = () => {
@@ -66,10 +77,16 @@ function parseArgs(argv) {
       case '--get': opts.get = next(); break;
       case '--expect-get': opts.expectGet = true; break;
       case '--timeout': opts.timeoutMs = Number.parseInt(next(), 10); break;
+      case '--calls': opts.calls = Number.parseInt(next(), 10); break;
+      case '--tool': opts.tool = next(); break;
+      case '--steps': opts.steps = Number.parseInt(next(), 10); break;
+      case '--rounds': opts.rounds = Number.parseInt(next(), 10); break;
       default: throw new Error(`unknown argument ${arg}`);
     }
   }
-  if (!['flow', 'pipeline', 'sessions'].includes(mode)) throw new Error('mode must be flow, pipeline or sessions');
+  if (!['flow', 'pipeline', 'sessions', 'calls'].includes(mode)) throw new Error('mode must be flow, pipeline, sessions or calls');
+  if (!(opts.calls >= 1) || !(opts.rounds >= 1) || !(opts.steps >= 1)) throw new Error('--calls, --rounds and --steps must be >= 1');
+  if (opts.tool !== 'echo' && opts.tool !== 'slow_count') throw new Error('--tool must be echo or slow_count');
   if (!(opts.timeoutMs >= 1)) throw new Error('--timeout must be >= 1 (ms)');
   if (!opts.url) throw new Error('--url is required');
   if (opts.get !== 'open' && opts.get !== 'skip') throw new Error('--get must be open or skip');
@@ -492,7 +509,93 @@ async function sessions(opts) {
   return run;
 }
 
-const modes = { flow, pipeline, sessions };
+// One SDK session sending its calls in rounds, each round's at once.
+async function callsSession(opts, run, index) {
+  const stats = { exchanges: [] };
+  const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
+    fetch: recordingFetch(stats, { skipGet: true }),
+    reconnectionOptions: noReconnect,
+  });
+  const client = new Client({ name: 'mcp-serializer-calls', version: '1.0.0' });
+  client.onerror = () => {}; // a reply for a request already answered: counted below
+  const requestOptions = { timeout: opts.timeoutMs };
+  const problems = [];
+  try {
+    await client.connect(transport, requestOptions);
+  } catch (err) {
+    run.failedConnects += 1;
+    return [`connect: ${err?.message ?? err}`];
+  }
+  try {
+    for (let round = 0; round < opts.rounds; round++) {
+      const started = performance.now();
+      const echo = opts.tool === 'echo';
+      const texts = Array.from({ length: opts.calls }, (_, j) => (echo ? `session ${index} round ${round} call ${j}` : `counted to ${opts.steps}`));
+      const answers = await Promise.allSettled(
+        texts.map((text) => client.callTool({ name: opts.tool, arguments: echo ? { text } : { n: opts.steps } }, undefined, requestOptions)),
+      );
+      run.roundMs.push(performance.now() - started);
+      answers.forEach((answer, j) => {
+        run.calls += 1;
+        const got = answer.status === 'fulfilled' ? answer.value.content?.[0]?.text : undefined;
+        if (got === texts[j]) return;
+        run.wrongCalls += 1;
+        problems.push(answer.status === 'fulfilled' ? `call ${j} answered ${JSON.stringify(got)}` : `call ${j}: ${answer.reason?.message ?? answer.reason}`);
+      });
+    }
+    await transport.terminateSession().catch((err) => problems.push(`delete: ${err?.message ?? err}`));
+  } finally {
+    await client.close().catch(() => {});
+    for (const e of stats.exchanges) {
+      if (e.idMismatch) run.idMismatches += 1;
+      if (typeof e.status === 'number' && (e.status < 200 || e.status > 299) && !e.local) {
+        run.httpErrors[e.status] = (run.httpErrors[e.status] ?? 0) + 1;
+      }
+    }
+  }
+  return problems;
+}
+
+async function calls(opts) {
+  const n = opts.n ?? 20;
+  const run = {
+    mode: 'calls',
+    n,
+    concurrency: opts.concurrency,
+    callsPerRound: opts.calls,
+    rounds: opts.rounds,
+    calls: 0,
+    wrongCalls: 0,
+    idMismatches: 0,
+    httpErrors: {},
+    failedConnects: 0,
+    failedSessions: 0,
+    samples: [],
+    roundMs: [],
+  };
+  let next = 0;
+  const started = performance.now();
+  const worker = async () => {
+    while (next < n) {
+      const index = next++;
+      const problems = await callsSession(opts, run, index);
+      if (problems.length > 0) {
+        run.failedSessions += 1;
+        if (run.samples.length < MAX_SAMPLES) run.samples.push(`#${index}: ${problems.join('; ')}`);
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(opts.concurrency, n) }, worker));
+  run.elapsedMs = Math.round(performance.now() - started);
+  run.httpErrorCount = Object.values(run.httpErrors).reduce((a, b) => a + b, 0);
+  run.roundP50Ms = percentile(run.roundMs, 0.5);
+  delete run.roundMs;
+  log(`${n} sessions, ${run.calls} calls: ${run.wrongCalls} wrong or unanswered, ${run.idMismatches} replies with another id, HTTP errors ${JSON.stringify(run.httpErrors)}`);
+  run.ok = run.failedSessions === 0 && run.failedConnects === 0 && run.calls === n * opts.calls * opts.rounds;
+  return run;
+}
+
+const modes = { flow, pipeline, sessions, calls };
 
 async function main() {
   let opts;
