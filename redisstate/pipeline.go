@@ -63,7 +63,7 @@ func (r *Engine) queueWrite(ctx context.Context, p redis.Pipeliner, w *stateengi
 	switch w.Op {
 	case stateengine.OpCreated:
 		life := serializer.RecordTTL(ttl, false, w.Deadline, now)
-		return eval(createScript, ctx, p, keys, w.Deadline.UnixMilli(), life.Milliseconds())
+		return eval(createScript, ctx, p, keys, w.Deadline.UnixMilli(), life.Milliseconds(), w.Owner)
 	case stateengine.OpInitializeEnded:
 		return eval(updateScript, ctx, p, keys, "ended", ttl.Milliseconds())
 	case stateengine.OpOpened:

@@ -288,22 +288,54 @@ func (r *Engine) Cleanup() error {
 	return err
 }
 
-// Abilities: writes in batches (one pipeline), and cluster turns with
-// announcements.
+// Abilities: writes in batches (one pipeline), cluster turns with
+// announcements, and session owners taken over.
 func (r *Engine) Abilities() stateengine.Abilities {
-	return stateengine.Abilities{Batch: r.Writes, Turns: r}
+	return stateengine.Abilities{Batch: r.Writes, Turns: r, TakeOver: r.TakeOver}
 }
 
 // CallTimeout bounds each call.
 func (r *Engine) CallTimeout() time.Duration { return time.Duration(r.Timeout) }
 
 // createScript writes a fresh record. KEYS[1] the record; ARGV: init
-// deadline (unix ms), the record's life (ms, serializer.RecordTTL's).
+// deadline (unix ms), the record's life (ms, serializer.RecordTTL's), the
+// session's owner ("" for none).
 var createScript = redis.NewScript(`
 redis.call('HSET', KEYS[1], 'open', '0', 'deadline', ARGV[1], 'inflight', '1')
+if ARGV[3] ~= nil and ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[3])
+else
+  redis.call('HDEL', KEYS[1], 'owner')
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
+
+// takeOverScript makes ARGV[2] the owner of the record KEYS[1] if
+// ARGV[1] still is, or none is, and returns the owner then recorded; nil
+// without a record. Run again after a lost answer, it returns the same.
+var takeOverScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == false or owner == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[2])
+  return ARGV[2]
+end
+return owner
+`)
+
+// TakeOver records to as the record's owner if from still is
+// (stateengine.Abilities.TakeOver).
+func (r *Engine) TakeOver(ctx context.Context, key, from, to string) (string, bool, error) {
+	owner, err := takeOverScript.Run(ctx, r.client, []string{r.KeyPrefix + key}, from, to).Text()
+	if errors.Is(err, redis.Nil) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	return owner, true, nil
+}
 
 // updateScript applies one update to an existing record, atomically, so
 // that updates from several instances never regress it: fields only move
@@ -358,11 +390,12 @@ func (r *Engine) Forget(ctx context.Context, key string) error {
 
 // Lookup reads the record.
 func (r *Engine) Lookup(ctx context.Context, key string) (serializer.Record, bool, error) {
-	vals, err := r.client.HMGet(ctx, r.KeyPrefix+key, "open", "deadline", "inflight").Result()
+	vals, err := r.client.HMGet(ctx, r.KeyPrefix+key, "open", "deadline", "inflight", "owner").Result()
 	if err != nil {
 		return serializer.Record{}, false, err
 	}
 	open, deadline, inflight := vals[0], vals[1], vals[2]
+	owner, _ := vals[3].(string)
 	if open == nil {
 		return serializer.Record{}, false, nil
 	}
@@ -374,6 +407,7 @@ func (r *Engine) Lookup(ctx context.Context, key string) (serializer.Record, boo
 		Open:               open == "1",
 		InitDeadline:       time.UnixMilli(ms),
 		InitializeInFlight: inflight == "1",
+		Owner:              owner,
 	}, true, nil
 }
 

@@ -45,6 +45,14 @@ type Store interface {
 	Lookup(ctx context.Context, id string) (rec Record, found bool, err error)
 }
 
+// OwnerStore is a Store that also records which instance owns a session
+// it creates (package owner).
+type OwnerStore interface {
+	Store
+	// CreatedOwned is Created, recording owner with the record.
+	CreatedOwned(ctx context.Context, id string, initDeadline time.Time, owner string) error
+}
+
 // Record is what a Store knows of a session.
 type Record struct {
 	Open bool // notifications/initialized was acknowledged
@@ -52,6 +60,9 @@ type Record struct {
 	// the initialize exchange's response is still being sent.
 	InitDeadline       time.Time
 	InitializeInFlight bool
+	// The instance that serves the session, as package owner records it;
+	// "" if none was recorded.
+	Owner string
 }
 
 // SynthSource is the request behind an Acquire, as the caller knows it.

@@ -213,6 +213,11 @@ func (t *Table) WaitGate(ctx context.Context, id string) error {
 // StoreTimeout for that, and a failed write only leaves the session
 // unknown elsewhere.
 func (t *Table) Begin(id string, synth func(context.Context) bool) (turn Turn, ok bool) {
+	return t.BeginOwned(id, "", synth)
+}
+
+// BeginOwned is Begin for a session whose Store record names owner.
+func (t *Table) BeginOwned(id, owner string, synth func(context.Context) bool) (turn Turn, ok bool) {
 	cfg := t.config()
 	t.mu.Lock()
 	if _, known := t.sessions[id]; known {
@@ -231,7 +236,11 @@ func (t *Table) Begin(id string, synth func(context.Context) bool) (turn Turn, o
 		// store. The slot is held, so none of this session's can go.
 		deadline := t.clock.Now().Add(cfg.InitTimeout)
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.StoreTimeout)
-		_ = cfg.Store.Created(ctx, id, deadline)
+		if os, ok := cfg.Store.(OwnerStore); ok && owner != "" {
+			_ = os.CreatedOwned(ctx, id, deadline, owner)
+		} else {
+			_ = cfg.Store.Created(ctx, id, deadline)
+		}
 		cancel()
 	}
 	return Turn{s: s, begins: true}, true

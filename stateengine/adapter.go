@@ -47,6 +47,7 @@ type Adapter struct {
 	// announceOpened makes an Opened also tell every instance, in the same
 	// call (order cluster: requests held at the gate elsewhere go at once).
 	announceOpened bool
+	takeOver       func(ctx context.Context, key, from, to string) (string, bool, error) // Abilities.TakeOver
 
 	errors [NumOps]prometheus.Counter
 	warns  [NumOps]warnlimit.Limiter
@@ -65,6 +66,7 @@ func NewAdapter(engine Engine, ttl time.Duration, logger *zap.Logger, errors *pr
 		notFound: newNotFoundCache(),
 		writes:   writeQueue{wake: make(chan struct{}, maxWriteBatches)},
 		batch:    engine.Abilities().Batch,
+		takeOver: engine.Abilities().TakeOver,
 	}
 	for op := range NumOps {
 		s.errors[op] = errors.WithLabelValues(op.String())
@@ -82,9 +84,15 @@ func (s *Adapter) Configure(cfg *serializer.Config) {
 }
 
 func (s *Adapter) Created(ctx context.Context, id string, initDeadline time.Time) error {
+	return s.CreatedOwned(ctx, id, initDeadline, "")
+}
+
+// CreatedOwned is Created with the session's owner (serializer.OwnerStore),
+// recorded by an engine that takes batches; others record none.
+func (s *Adapter) CreatedOwned(ctx context.Context, id string, initDeadline time.Time, owner string) error {
 	key := serializer.StoreKey(id)
 	if s.batch != nil {
-		return s.write(ctx, id, &Write{Op: OpCreated, Key: key, Deadline: initDeadline, after: s.notFound.creating(key)})
+		return s.write(ctx, id, &Write{Op: OpCreated, Key: key, Deadline: initDeadline, Owner: owner, after: s.notFound.creating(key)})
 	}
 	_, err := bounded(s, ctx, OpCreated, id, key, func(ctx context.Context, key string) (struct{}, error) {
 		defer s.notFound.creating(key)()
@@ -144,6 +152,28 @@ func (s *Adapter) Forget(ctx context.Context, id string) error {
 	}
 	return err
 }
+
+// Owner reads the owner recorded with session id's record (owner.Store).
+func (s *Adapter) Owner(ctx context.Context, id string) (string, bool, error) {
+	rec, found, err := s.Lookup(ctx, id)
+	return rec.Owner, found, err
+}
+
+// TakeOver records to as session id's owner if from still is
+// (owner.Store); an engine that cannot answers an error.
+func (s *Adapter) TakeOver(ctx context.Context, id, from, to string) (string, bool, error) {
+	if s.takeOver == nil {
+		return "", false, errNoOwners
+	}
+	res, err := bounded(s, ctx, OpTakeOver, id, serializer.StoreKey(id), func(ctx context.Context, key string) (lookupResult, error) {
+		owner, found, err := s.takeOver(ctx, key, from, to)
+		return lookupResult{serializer.Record{Owner: owner}, found}, err
+	})
+	return res.rec.Owner, res.found, err
+}
+
+// errNoOwners is TakeOver's answer on an engine that records no owners.
+var errNoOwners = errors.New("this state engine records no session owners")
 
 type lookupResult struct {
 	rec   serializer.Record

@@ -66,6 +66,12 @@ type Abilities struct {
 	// every instance: what `order cluster` needs. Caddy's storage has no
 	// atomic update to keep a turn line with, so its engine has none.
 	Turns TurnKeeper
+	// TakeOver, when set, records to as the owner of the record at key
+	// if from still is (or none is), atomically, and returns the owner
+	// recorded then: what `order owner` needs (package owner). found is
+	// false when there is no record. Owners are recorded by Created
+	// writes sent through Batch (Write.Owner).
+	TakeOver func(ctx context.Context, key, from, to string) (owner string, found bool, err error)
 }
 
 // TurnKeeper keeps cluster turns by key (serializer.TurnStore, with keys
@@ -99,11 +105,13 @@ const (
 	OpClaim
 	OpRenew
 	OpRelease
+	// Owners.
+	OpTakeOver
 	NumOps
 )
 
 var opNames = [NumOps]string{"created", "initialize_ended", "opened", "touch", "forget", "lookup",
-	"take", "claim", "renew", "release"}
+	"take", "claim", "renew", "release", "take_over"}
 
 func (o Op) String() string { return opNames[o] }
 
@@ -112,6 +120,7 @@ type Write struct {
 	Op       Op // OpCreated, OpInitializeEnded, OpOpened, OpTouch or OpForget
 	Key      string
 	Deadline time.Time // OpCreated's init deadline
+	Owner    string    // OpCreated: the session's owner, "" for none
 	Announce bool      // OpOpened: tell every instance (order cluster)
 	Err      error     // the engine's answer
 

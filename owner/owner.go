@@ -1,0 +1,241 @@
+// Package owner knows which instance serves each session when several
+// Caddy instances share a state engine: the instance that created the
+// session owns it, the others forward its requests there, and an owner
+// that cannot be reached is replaced by the instance that noticed. Order
+// and the initialization gate stay where they are proven, on one
+// instance: the owner's session table.
+//
+// It is pure Go; the state engine records owners (Store) and the Caddy
+// module forwards requests.
+package owner
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Owner is an instance as the state engine records it: ID names one
+// session table in one running Caddy (a restarted Caddy has a new one, so
+// it never serves a session it lost), Addr is host:port where the other
+// instances reach it.
+type Owner struct {
+	ID, Addr string
+}
+
+// String is the owner as recorded: its ID, a space, its address.
+func (o Owner) String() string { return o.ID + " " + o.Addr }
+
+// Parse reads a recorded owner; false for anything else (a record
+// written before owners were recorded has none).
+func Parse(s string) (Owner, bool) {
+	id, addr, ok := strings.Cut(s, " ")
+	if !ok || id == "" || addr == "" || strings.ContainsAny(addr, " /") {
+		return Owner{}, false
+	}
+	return Owner{ID: id, Addr: addr}, true
+}
+
+// NewID returns a fresh instance ID: 64 random bits in hex.
+func NewID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// Store is where owners are recorded: with each session's record in the
+// state engine. Calls are bounded by the store.
+type Store interface {
+	// Owner reads the owner recorded for session id: "" when its record
+	// names none, found false when there is no record.
+	Owner(ctx context.Context, id string) (owner string, found bool, err error)
+	// TakeOver records to as the owner of session id if from still is
+	// (or none is), atomically, and returns the owner recorded then: to,
+	// or whoever took the session over first.
+	TakeOver(ctx context.Context, id, from, to string) (owner string, found bool, err error)
+}
+
+// Directory is one instance's view of who owns which session: asked of
+// the Store the first time the instance meets a session, then kept, so
+// a front that keeps a session on one instance costs no engine call.
+type Directory struct {
+	self     string // this instance's ID
+	maxKnown int
+	ttl      time.Duration
+	downFor  time.Duration
+	now      func() time.Time
+
+	mu    sync.Mutex
+	known map[string]known     // by session id
+	down  map[string]time.Time // owners that did not answer, until when
+}
+
+type known struct {
+	owner   Owner
+	learned time.Time
+}
+
+// maxDown bounds the owners remembered as unreachable.
+const maxDown = 1024
+
+// NewDirectory returns the directory of the instance named self. It
+// remembers up to maxKnown sessions' owners, each for ttl after it learned
+// it (the session's life), and an owner that did not answer for downFor:
+// meanwhile the sessions it owns are taken over without trying it again.
+func NewDirectory(self string, maxKnown int, ttl, downFor time.Duration, now func() time.Time) *Directory {
+	if now == nil {
+		now = time.Now
+	}
+	return &Directory{
+		self: self, maxKnown: max(maxKnown, 1), ttl: ttl, downFor: downFor, now: now,
+		known: map[string]known{}, down: map[string]time.Time{},
+	}
+}
+
+// Self is this instance's ID.
+func (d *Directory) Self() string { return d.self }
+
+// Created records that this instance, reached at addr, owns a session it
+// has just created. The Store learns it with the session's record.
+func (d *Directory) Created(id, addr string) {
+	d.remember(id, Owner{ID: d.self, Addr: addr})
+}
+
+// Route says where a request of session id goes: forward true, to the
+// owner returned; false, served here (this instance owns the session, or
+// no owner can be learned: the Store does not know the session or does
+// not answer). here is the address at which this request reached this
+// instance, recorded if it takes the session over.
+func (d *Directory) Route(ctx context.Context, s Store, id, here string) (Owner, bool) {
+	o, ok := d.lookup(id)
+	if !ok {
+		rec, found, err := s.Owner(ctx, id)
+		if err != nil || !found {
+			return Owner{}, false
+		}
+		if o, ok = Parse(rec); !ok {
+			return Owner{}, false
+		}
+		d.remember(id, o)
+	}
+	if o.ID == d.self {
+		return o, false
+	}
+	if d.isDown(o) {
+		return d.takeOver(ctx, s, id, o, here)
+	}
+	return o, true
+}
+
+// Unreachable is told that a request forwarded to o did not reach it as
+// owner: refused or timed out before it was sent (dialFailed), or o
+// answered that it does not serve session id. It takes the session over,
+// unless another instance did first, and says where the request goes now,
+// as Route does. An owner whose dial failed is not tried again for
+// downFor, for any session.
+func (d *Directory) Unreachable(ctx context.Context, s Store, id string, o Owner, here string, dialFailed bool) (Owner, bool) {
+	if dialFailed {
+		d.markDown(o)
+	}
+	return d.takeOver(ctx, s, id, o, here)
+}
+
+func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner, here string) (Owner, bool) {
+	me := Owner{ID: d.self, Addr: here}
+	rec, found, err := s.TakeOver(ctx, id, from.String(), me.String())
+	o, ok := Parse(rec)
+	if err != nil || !found || !ok {
+		// Unknown: served here, and asked again next time.
+		d.Forget(id)
+		return Owner{}, false
+	}
+	d.remember(id, o)
+	if o.ID == d.self || d.isDown(o) {
+		return o, false
+	}
+	return o, true
+}
+
+// Serves reports whether this instance serves a request forwarded to the
+// owner named ownerID: only if that is this instance and it has not
+// learned that another took the session over.
+func (d *Directory) Serves(id, ownerID string) bool {
+	if ownerID != d.self {
+		return false
+	}
+	o, ok := d.lookup(id)
+	return !ok || o.ID == d.self
+}
+
+// Forget drops what is known of session id (it ended).
+func (d *Directory) Forget(id string) {
+	d.mu.Lock()
+	delete(d.known, id)
+	d.mu.Unlock()
+}
+
+// Known counts the sessions whose owner this instance knows.
+func (d *Directory) Known() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.known)
+}
+
+func (d *Directory) lookup(id string) (Owner, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k, ok := d.known[id]
+	if !ok {
+		return Owner{}, false
+	}
+	if d.now().Sub(k.learned) >= d.ttl {
+		delete(d.known, id)
+		return Owner{}, false
+	}
+	return k.owner, true
+}
+
+func (d *Directory) remember(id string, o Owner) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.known[id]; !ok && len(d.known) >= d.maxKnown {
+		// Full: one entry goes, whichever the map yields first; it costs
+		// one engine call if its session comes back.
+		for other := range d.known {
+			delete(d.known, other)
+			break
+		}
+	}
+	d.known[id] = known{owner: o, learned: d.now()}
+}
+
+func (d *Directory) markDown(o Owner) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.now()
+	if len(d.down) >= maxDown {
+		for k, until := range d.down {
+			if !now.Before(until) {
+				delete(d.down, k)
+			}
+		}
+		if len(d.down) >= maxDown {
+			clear(d.down)
+		}
+	}
+	d.down[o.String()] = now.Add(d.downFor)
+}
+
+func (d *Directory) isDown(o Owner) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	until, ok := d.down[o.String()]
+	if ok && !d.now().Before(until) {
+		delete(d.down, o.String())
+		return false
+	}
+	return ok
+}

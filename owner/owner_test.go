@@ -1,0 +1,218 @@
+package owner
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// memStore records owners in memory, as the state engine does, and
+// counts the calls that reach it.
+type memStore struct {
+	mu     sync.Mutex
+	owners map[string]string // session id → recorded owner
+	fail   error
+	calls  atomic.Int64
+}
+
+func newMemStore() *memStore { return &memStore{owners: map[string]string{}} }
+
+func (m *memStore) Owner(_ context.Context, id string) (string, bool, error) {
+	m.calls.Add(1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail != nil {
+		return "", false, m.fail
+	}
+	o, ok := m.owners[id]
+	return o, ok, nil
+}
+
+func (m *memStore) TakeOver(_ context.Context, id, from, to string) (string, bool, error) {
+	m.calls.Add(1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail != nil {
+		return "", false, m.fail
+	}
+	o, ok := m.owners[id]
+	if !ok {
+		return "", false, nil
+	}
+	if o == from || o == "" {
+		m.owners[id] = to
+		return to, true, nil
+	}
+	return o, true, nil
+}
+
+// clock is a hand-moved clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+var (
+	ownerA = Owner{ID: "aaaa", Addr: "10.0.0.1:8080"}
+	ownerB = Owner{ID: "bbbb", Addr: "10.0.0.2:8080"}
+)
+
+func newDir(self string, c *clock) *Directory {
+	return NewDirectory(self, 100, time.Hour, time.Minute, c.now)
+}
+
+func TestAnOwnerParsesBackFromWhatIsRecorded(t *testing.T) {
+	o, ok := Parse(ownerA.String())
+	if !ok || o != ownerA {
+		t.Fatalf("Parse(%q) = %v, %v", ownerA.String(), o, ok)
+	}
+	for _, bad := range []string{"", "aaaa", " 10.0.0.1:8080", "aaaa ", "aaaa 10.0.0.1:8080 x", "aaaa http://10.0.0.1:8080"} {
+		if _, ok := Parse(bad); ok {
+			t.Errorf("Parse(%q) accepted", bad)
+		}
+	}
+}
+
+func TestASessionCreatedHereIsServedHereWithoutAskingTheStore(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	d := newDir(ownerA.ID, c)
+	d.Created("s1", ownerA.Addr)
+	for range 5 {
+		if _, forward := d.Route(context.Background(), s, "s1", ownerA.Addr); forward {
+			t.Fatal("a session created here was forwarded")
+		}
+	}
+	if n := s.calls.Load(); n != 0 {
+		t.Fatalf("%d store calls, want 0", n)
+	}
+}
+
+func TestAnotherInstancesSessionIsAskedForOnceThenForwardedToItsOwner(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	s.owners["s1"] = ownerA.String()
+	d := newDir(ownerB.ID, c)
+	for range 5 {
+		o, forward := d.Route(context.Background(), s, "s1", ownerB.Addr)
+		if !forward || o != ownerA {
+			t.Fatalf("Route = %v, %v; want forwarded to %v", o, forward, ownerA)
+		}
+		c.add(30 * time.Second)
+	}
+	if n := s.calls.Load(); n != 1 {
+		t.Fatalf("%d store calls for 5 requests, want 1", n)
+	}
+}
+
+func TestAnOwnerKnownLongerThanTheSessionsLifeIsAskedForAgain(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	s.owners["s1"] = ownerA.String()
+	d := newDir(ownerB.ID, c)
+	d.Route(context.Background(), s, "s1", ownerB.Addr)
+	c.add(time.Hour)
+	d.Route(context.Background(), s, "s1", ownerB.Addr)
+	if n := s.calls.Load(); n != 2 {
+		t.Fatalf("%d store calls, want 2 (the owner asked again after the session's life)", n)
+	}
+}
+
+func TestWithoutAnAnswerFromTheStoreARequestIsServedHereAndAskedAgainNextTime(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	d := newDir(ownerB.ID, c)
+	s.fail = errors.New("engine down")
+	if _, forward := d.Route(context.Background(), s, "s1", ownerB.Addr); forward {
+		t.Fatal("forwarded without an owner")
+	}
+	s.fail = nil
+	if _, forward := d.Route(context.Background(), s, "unknown", ownerB.Addr); forward {
+		t.Fatal("a session the store does not know was forwarded")
+	}
+	s.owners["s1"] = ownerA.String()
+	if o, forward := d.Route(context.Background(), s, "s1", ownerB.Addr); !forward || o != ownerA {
+		t.Fatalf("once the store answers: Route = %v, %v; want forwarded to %v", o, forward, ownerA)
+	}
+}
+
+func TestARecordWithoutAnOwnerIsServedHere(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	s.owners["s1"] = ""
+	if _, forward := newDir(ownerB.ID, c).Route(context.Background(), s, "s1", ownerB.Addr); forward {
+		t.Fatal("a record without an owner was forwarded")
+	}
+}
+
+func TestAnUnreachableOwnersSessionIsTakenOverByOneInstanceOnly(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	s.owners["s1"] = ownerA.String()
+	b, other := newDir(ownerB.ID, c), newDir("cccc", c)
+	b.Route(context.Background(), s, "s1", ownerB.Addr)
+	other.Route(context.Background(), s, "s1", "10.0.0.3:8080")
+
+	o, forward := b.Unreachable(context.Background(), s, "s1", ownerA, ownerB.Addr, true)
+	if forward || o != ownerB {
+		t.Fatalf("first to notice: %v, %v; want served here as %v", o, forward, ownerB)
+	}
+	o, forward = other.Unreachable(context.Background(), s, "s1", ownerA, "10.0.0.3:8080", true)
+	if !forward || o != ownerB {
+		t.Fatalf("second to notice: %v, %v; want forwarded to the new owner %v", o, forward, ownerB)
+	}
+	if s.owners["s1"] != ownerB.String() {
+		t.Fatalf("recorded owner %q, want %q", s.owners["s1"], ownerB.String())
+	}
+}
+
+func TestAnOwnerThatDidNotAnswerIsNotTriedAgainForItsOtherSessions(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	s.owners["s1"], s.owners["s2"] = ownerA.String(), ownerA.String()
+	b := newDir(ownerB.ID, c)
+	b.Route(context.Background(), s, "s1", ownerB.Addr)
+	b.Unreachable(context.Background(), s, "s1", ownerA, ownerB.Addr, true)
+
+	if o, forward := b.Route(context.Background(), s, "s2", ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("another session of the dead owner: %v, %v; want taken over here", o, forward)
+	}
+	c.add(time.Minute)
+	s.owners["s3"] = ownerA.String()
+	if _, forward := b.Route(context.Background(), s, "s3", ownerB.Addr); !forward {
+		t.Fatal("an owner that did not answer a minute ago is still passed over")
+	}
+}
+
+func TestAnInstanceServesAForwardedRequestOnlyAsTheOwnerItWasSentTo(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	d := newDir(ownerA.ID, c)
+	if !d.Serves("s1", ownerA.ID) {
+		t.Fatal("refused a request sent to it as owner")
+	}
+	if d.Serves("s1", "restarted") {
+		t.Fatal("served a request sent to another instance at its address (an earlier process)")
+	}
+	// Another instance took s1 over, and this one learned it.
+	s.owners["s1"] = ownerA.String()
+	NewDirectory(ownerB.ID, 10, time.Hour, time.Minute, c.now).Unreachable(context.Background(), s, "s1", ownerA, ownerB.Addr, true)
+	d.Forget("s1")
+	d.Route(context.Background(), s, "s1", ownerA.Addr)
+	if d.Serves("s1", ownerA.ID) {
+		t.Fatal("served a session it knows another instance took over")
+	}
+}
+
+func TestTheDirectoryKeepsAtMostItsBoundOfSessions(t *testing.T) {
+	c := &clock{}
+	d := NewDirectory(ownerA.ID, 10, time.Hour, time.Minute, c.now)
+	for i := range 100 {
+		d.Created(string(rune('a'+i%26))+string(rune('a'+i/26)), ownerA.Addr)
+	}
+	if n := d.Known(); n != 10 {
+		t.Fatalf("%d sessions known, want the bound, 10", n)
+	}
+}

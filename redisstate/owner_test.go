@@ -1,0 +1,79 @@
+package redisstate
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
+)
+
+// A session's owner is written with its record and read back with it;
+// a record written without one names none.
+func TestRedisRecordsTheOwnerWithTheSessionsRecord(t *testing.T) {
+	addr := redistest.Start(t)
+	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
+	store := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	if err := store.CreatedOwned(ctx, "owned", time.Now().Add(time.Minute), "aaaa 10.0.0.1:8080"); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Created(ctx, "plain", time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if owner, found, err := store.Owner(ctx, "owned"); err != nil || !found || owner != "aaaa 10.0.0.1:8080" {
+		t.Fatalf("Owner(owned) = %q, %v, %v", owner, found, err)
+	}
+	if owner, found, err := store.Owner(ctx, "plain"); err != nil || !found || owner != "" {
+		t.Fatalf("Owner(plain) = %q, %v, %v; want found with none", owner, found, err)
+	}
+	if _, found, err := store.Owner(ctx, "missing"); err != nil || found {
+		t.Fatalf("Owner(missing) = %v, %v; want not found", found, err)
+	}
+}
+
+// Instances that find the owner gone at once take the session over in
+// one atomic step each: one wins, and every one of them learns who.
+func TestRedisTakeOverHasOneWinnerAmongInstancesRacing(t *testing.T) {
+	addr := redistest.Start(t)
+	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
+	store := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	const dead = "dead 10.0.0.1:8080"
+	for round := range 20 {
+		if err := store.CreatedOwned(ctx, "s", time.Now().Add(time.Minute), dead); err != nil {
+			t.Fatal(err)
+		}
+		instances := []string{"b 10.0.0.2:8080", "c 10.0.0.3:8080", "d 10.0.0.4:8080"}
+		got := make([]string, len(instances))
+		var wg sync.WaitGroup
+		for i, me := range instances {
+			wg.Go(func() {
+				owner, found, err := store.TakeOver(ctx, "s", dead, me)
+				if err != nil || !found {
+					t.Errorf("TakeOver = %v, %v", found, err)
+				}
+				got[i] = owner
+			})
+		}
+		wg.Wait()
+		for _, owner := range got {
+			if owner != got[0] {
+				t.Fatalf("round %d: instances learned different owners %q", round, got)
+			}
+		}
+		if recorded, _, _ := store.Owner(ctx, "s"); recorded != got[0] || recorded == dead {
+			t.Fatalf("round %d: recorded %q, instances learned %q", round, recorded, got[0])
+		}
+	}
+	if _, found, err := store.TakeOver(ctx, "missing", dead, "b 10.0.0.2:8080"); err != nil || found {
+		t.Fatalf("TakeOver of a missing record = %v, %v; want not found, nothing created", found, err)
+	}
+	if _, found, _ := store.Owner(ctx, "missing"); found {
+		t.Fatal("TakeOver created a record")
+	}
+}
