@@ -40,7 +40,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    max_buffered    <size>
 //	    get_stream      reject|forward
 //	    state           redis|storage [{ <engine settings> }]
-//	    order           local|cluster
+//	    order           local|cluster|owner
+//	    advertise       <host:port>
 //	    key             <placeholder>
 //	}
 //
@@ -76,6 +77,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Order = val
 		case "key":
 			h.Key = val
+		case "advertise":
+			h.Advertise = val
 		default:
 			return d.Errf("unrecognized mcp_serializer setting %q", setting)
 		}

@@ -28,6 +28,8 @@ var metrics = struct {
 	evictedInit prometheus.Counter // evictions{gate="initializing"}
 	stateErrors *prometheus.CounterVec
 	turnsLost   prometheus.Counter
+	forwards    *prometheus.CounterVec
+	takeovers   prometheus.CounterFunc
 }{}
 
 func init() {
@@ -73,6 +75,14 @@ func init() {
 		Namespace: ns, Subsystem: sub, Name: "turns_lost_total",
 		Help: "Exchanges stopped before their end because their cluster turn could not be renewed in time, or went to another instance (order cluster).",
 	})
+	metrics.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "forwards_total",
+		Help: "Requests sent to the instance owning their session (order owner), by result: forwarded (answered by the owner), unreachable (not dialed: taken over), not_owner (the instance there no longer serves the session: taken over), failed (sent, then no answer).",
+	}, []string{"result"})
+	metrics.takeovers = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "takeovers_total",
+		Help: "Sessions this instance took over from an owner that did not answer (order owner).",
+	}, takenOver)
 }
 
 func registerMetrics(registry *prometheus.Registry) {
@@ -82,6 +92,7 @@ func registerMetrics(registry *prometheus.Registry) {
 	for _, c := range []prometheus.Collector{
 		metrics.sessions, metrics.queueWait, metrics.gateHolds, metrics.gateTimeout,
 		metrics.rejections, metrics.bypasses, metrics.evictions, metrics.stateErrors, metrics.turnsLost,
+		metrics.forwards, metrics.takeovers,
 	} {
 		if err := registry.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -90,6 +101,16 @@ func registerMetrics(registry *prometheus.Registry) {
 			}
 		}
 	}
+}
+
+// takenOver sums the takeovers of every live table.
+func takenOver() float64 {
+	var n int64
+	tables.Range(func(_, v any) bool {
+		n += v.(pooledTable).owners.TakeOvers()
+		return true
+	})
+	return float64(n)
 }
 
 // trackedSessions sums the sessions of every live table, at scrape time.

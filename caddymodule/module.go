@@ -7,6 +7,7 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -14,8 +15,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/owner"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
@@ -37,6 +40,7 @@ const defaultMaxBody = 1 << 20
 const (
 	orderLocal   = "local"
 	orderCluster = "cluster"
+	orderOwner   = "owner"
 )
 
 // Handler is the mcp_serializer HTTP handler. Handlers with the same Name
@@ -86,6 +90,11 @@ type Handler struct {
 	// robin included; needs state redis). Default: cluster with state
 	// redis, else local.
 	Order string `json:"order,omitempty"`
+	// With order owner: host:port where the other instances reach this
+	// one, recorded as the owner of the sessions it creates; placeholders
+	// such as {env.POD_IP} are read at load. Default: the address at
+	// which each session's initialize reached this instance.
+	Advertise string `json:"advertise,omitempty"`
 	// Queues session-less requests (MCP 2026-07-28 has no sessions) by
 	// this placeholder's value, e.g. {http.request.header.Mcp-Param-Cart}:
 	// a request whose key is not empty runs one at a time per value, in
@@ -93,7 +102,13 @@ type Handler struct {
 	// none; session-less requests go through untouched.
 	Key string `json:"key,omitempty"`
 
-	budget        *bodyBudget        // max_buffered and what is held of it
+	budget *bodyBudget // max_buffered and what is held of it
+	// With order owner: who owns which session, the engine that records
+	// it, and the proxy to the owners; nil otherwise.
+	owners        *owner.Directory
+	ownerStore    ownerStore
+	forwarder     *reverseproxy.Handler
+	advertise     string
 	engine        stateengine.Engine // nil without state
 	onInitTimeout serializer.TimeoutAction
 	table         *serializer.Table
@@ -165,6 +180,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		} else {
 			shared.Configure(&cfg)
 		}
+		if h.Order == orderOwner {
+			h.ownerStore = shared
+			forwarder, err := newForwarder(ctx)
+			if err != nil {
+				return err
+			}
+			h.forwarder = forwarder
+		}
 	}
 
 	h.settings, h.generation = cfg, provisions.Add(1)
@@ -173,13 +196,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// A new table starts with these settings: no running config uses it.
 		applied := &appliedSettings{}
 		applied.generation.Store(h.generation)
-		return pooledTable{serializer.NewTable(cfg), applied}, nil
+		owners := owner.NewDirectory(owner.NewID(), cfg.MaxSessions, cfg.SessionTTL, ownerDownFor, nil)
+		return pooledTable{serializer.NewTable(cfg), applied, owners}, nil
 	})
 	if err != nil {
 		return err
 	}
 	pooled := val.(pooledTable)
 	h.table, h.applied = pooled.Table, pooled.applied
+	if h.Order == orderOwner {
+		h.owners = pooled.owners
+	}
 	h.applied.provisioned(h.generation, cfg)
 	return nil
 }
@@ -309,12 +336,34 @@ func (h *Handler) Validate() error {
 	default:
 		return fmt.Errorf("get_stream: unknown mode %q (want forward or reject)", h.GetStream)
 	}
+	if h.Advertise != "" && h.Order != orderOwner {
+		return fmt.Errorf("advertise is for order owner only (order is %s)", h.Order)
+	}
 	switch h.Order {
 	case orderLocal:
 	case orderCluster:
 		return h.validateClusterOrder()
+	case orderOwner:
+		return h.validateOwnerOrder()
 	default:
-		return fmt.Errorf("order: unknown value %q (want local or cluster)", h.Order)
+		return fmt.Errorf("order: unknown value %q (want local, cluster or owner)", h.Order)
+	}
+	return nil
+}
+
+// validateOwnerOrder checks that the state engine can record and take
+// over owners, and reads advertise.
+func (h *Handler) validateOwnerOrder() error {
+	if h.engine == nil || h.engine.Abilities().TakeOver == nil {
+		return fmt.Errorf("order owner needs shared state that records session owners (state redis)")
+	}
+	if h.Advertise == "" {
+		return nil
+	}
+	h.advertise = caddy.NewReplacer().ReplaceAll(h.Advertise, "")
+	host, port, err := net.SplitHostPort(h.advertise)
+	if err != nil || host == "" || port == "" {
+		return fmt.Errorf("advertise: want host:port where the other instances reach this one, got %q", h.advertise)
 	}
 	return nil
 }
@@ -345,6 +394,9 @@ func (h *Handler) validateClusterOrder() error {
 // stops when no config uses it.
 func (h *Handler) Cleanup() error {
 	h.releaseClaim()
+	if h.forwarder != nil {
+		_ = h.forwarder.Cleanup()
+	}
 	if h.table == nil {
 		return nil // provisioning failed before the table was taken
 	}
@@ -363,6 +415,7 @@ const poolKeyPrefix = "mcp_serializer/"
 type pooledTable struct {
 	*serializer.Table
 	applied *appliedSettings
+	owners  *owner.Directory // this instance's, for order owner
 }
 
 func (t pooledTable) Destruct() error {

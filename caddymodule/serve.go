@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/owner"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -47,6 +48,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	info := newRequestInfo(r, ids[0])
 	info.publish(r)
+	if r.Method != http.MethodPost {
+		if forwarded, err := h.serveAtOwner(w, r, info, nil, nil); forwarded {
+			return err
+		}
+	}
 	switch r.Method {
 	case http.MethodGet:
 		return h.serveGetStream(w, r, next, info)
@@ -59,6 +65,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.rejectBody(w, r, err)
 		}
 		info.method = body.method
+		if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
+			return err
+		}
 		return h.serveInTurn(w, r, next, info, body.traits, body.id)
 	}
 	return h.serveInTurn(w, r, next, info, 0, nil)
@@ -143,7 +152,14 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request, 
 	if status < 200 || status > 299 || !serializer.ValidSessionID(id) {
 		return serializer.Turn{}
 	}
-	turn, ok := h.table.Begin(id, h.synthesizer(r, id))
+	var recorded string
+	if h.owners != nil {
+		if here := h.hereAddr(r); here != "" {
+			h.owners.Created(id, here)
+			recorded = owner.Owner{ID: h.owners.Self(), Addr: here}.String()
+		}
+	}
+	turn, ok := h.table.BeginOwned(id, recorded, h.synthesizer(r, id))
 	if ok {
 		publishCreated(r, id, info)
 		if c := h.logger.Check(zapcore.DebugLevel, "session created, held until initialized"); c != nil {
@@ -273,6 +289,7 @@ func (h *Handler) readBody(r *http.Request) (classifiedBody, error) {
 		return body, nil
 	}
 	r.Body = io.NopCloser(bytes.NewReader(buf))
+	body.raw = buf
 	r.ContentLength = int64(len(buf))
 	r.TransferEncoding = nil
 	r.Header.Del("Transfer-Encoding")
@@ -285,6 +302,7 @@ func (h *Handler) readBody(r *http.Request) (classifiedBody, error) {
 // body, which the request keeps.
 type classifiedBody struct {
 	traits serializer.Traits
+	raw    []byte // the body, to send again; nil if it was not read whole
 	id     []byte // of a single request, for a local error reply
 	method serializer.Method
 	held   int64 // bytes of max_buffered taken, to give back

@@ -301,12 +301,7 @@ func (r *Engine) CallTimeout() time.Duration { return time.Duration(r.Timeout) }
 // deadline (unix ms), the record's life (ms, serializer.RecordTTL's), the
 // session's owner ("" for none).
 var createScript = redis.NewScript(`
-redis.call('HSET', KEYS[1], 'open', '0', 'deadline', ARGV[1], 'inflight', '1')
-if ARGV[3] ~= nil and ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[1], 'owner', ARGV[3])
-else
-  redis.call('HDEL', KEYS[1], 'owner')
-end
+redis.call('HSET', KEYS[1], 'open', '0', 'deadline', ARGV[1], 'inflight', '1', 'owner', ARGV[3] or '')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 `)
@@ -317,7 +312,7 @@ return 1
 var takeOverScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner == false or owner == ARGV[1] then
+if owner == false or owner == '' or owner == ARGV[1] then
   redis.call('HSET', KEYS[1], 'owner', ARGV[2])
   return ARGV[2]
 end

@@ -1,0 +1,239 @@
+package caddymodule
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
+	"github.com/mcpserializer/caddy-mcp-serializer/owner"
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+// With order owner, a session's requests meet on the instance that
+// created it (package owner): the others forward them there with Caddy's
+// reverse proxy, and the owner queues and gates them as any other.
+
+const (
+	// ownerHeader names the owner a forwarded request was sent to. The
+	// owner serves it only if that is itself, and never forwards it
+	// again, whatever a client put there.
+	ownerHeader = "Mcp-Serializer-Owner"
+	// notOwnerHeader marks a 421 answer from an instance that is not the
+	// owner a request was sent to, so that the forwarding instance takes
+	// the session over rather than pass the answer on.
+	notOwnerHeader = "Mcp-Serializer-Not-Owner"
+
+	placeholderOwner   = "http.mcp.owner"    // host:port a request was forwarded to
+	placeholderOwnerID = "http.mcp.owner_id" // that owner's instance ID
+)
+
+// forwardDialTimeout bounds the dial to an owner; an owner that does not
+// answer within it is taken over, and passed over for ownerDownFor.
+const (
+	forwardDialTimeout = 2 * time.Second
+	ownerDownFor       = time.Minute
+)
+
+// newForwarder provisions the reverse proxy that takes requests to their
+// session's owner: the dial address and owner's ID come from this
+// handler's placeholders, never from the request, and SSE responses flow
+// back as they are written.
+func newForwarder(ctx caddy.Context) (*reverseproxy.Handler, error) {
+	transport := &reverseproxy.HTTPTransport{DialTimeout: caddy.Duration(forwardDialTimeout)}
+	proxy := &reverseproxy.Handler{
+		TransportRaw:  caddyconfig.JSONModuleObject(transport, "protocol", "http", nil),
+		Upstreams:     reverseproxy.UpstreamPool{{Dial: "{" + placeholderOwner + "}"}},
+		FlushInterval: caddy.Duration(-1),
+		Headers: &headers.Handler{Request: &headers.HeaderOps{
+			Set: http.Header{ownerHeader: []string{"{" + placeholderOwnerID + "}"}},
+		}},
+	}
+	if err := proxy.Provision(ctx); err != nil {
+		return nil, fmt.Errorf("order owner: the forwarding proxy: %w", err)
+	}
+	return proxy, nil
+}
+
+// ownerWarns spaces the WARN lines about owners that do not answer.
+var ownerWarns warnlimit.Limiter
+
+// serveAtOwner forwards a session's request to the instance that owns it
+// and reports whether it did (then the request is answered); false: it is
+// served here. raw is the POST body read, to send again if a forward did
+// not reach the owner; nil if there is none or it was too large to keep.
+func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *requestInfo, raw []byte, reqID []byte) (bool, error) {
+	if h.owners == nil {
+		return false, nil
+	}
+	id := info.sessionID
+	if sentTo := r.Header.Get(ownerHeader); sentTo != "" {
+		r.Header.Del(ownerHeader)
+		if h.owners.Serves(id, sentTo) {
+			return false, nil
+		}
+		w.Header().Set(notOwnerHeader, "1")
+		return true, h.reject(w, r, "not_owner", http.StatusMisdirectedRequest, codeServerError,
+			"this instance does not serve this MCP session: the instance that forwarded the request takes it over", reqID)
+	}
+	here := h.hereAddr(r)
+	o, forward := h.owners.Route(r.Context(), h.ownerStore, id, here)
+	unread := raw == nil && r.Body != nil && r.Body != http.NoBody
+	for tries := 0; forward && tries < 2; tries++ {
+		if raw != nil {
+			r.Body = io.NopCloser(bytes.NewReader(raw))
+		}
+		res, err := h.forward(w, r, o)
+		switch res {
+		case forwardAnswered:
+			if r.Method == http.MethodDelete {
+				h.owners.Forget(id)
+			}
+			return true, err
+		case forwardFailed:
+			return true, h.reject(w, r, "owner_failed", http.StatusBadGateway, codeServerError,
+				"the instance serving this MCP session failed before it answered; the request may have reached the MCP server", reqID)
+		case forwardNotOwner:
+			if unread {
+				// Its body went to the instance that refused it.
+				w.Header().Set("Retry-After", "1")
+				h.owners.Unreachable(r.Context(), h.ownerStore, id, o, here, false)
+				return true, h.reject(w, r, "owner_moved", http.StatusServiceUnavailable, codeServerError,
+					"this MCP session moved to another instance while its large request was on its way; retry", reqID)
+			}
+		}
+		o, forward = h.owners.Unreachable(r.Context(), h.ownerStore, id, o, here, res == forwardUnreachable)
+	}
+	if raw != nil {
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+	}
+	return false, nil
+}
+
+// hereAddr is where a request reached this instance: the address
+// recorded for a session it creates or takes over, unless advertise
+// names another. It never comes from anything the client sent.
+func (h *Handler) hereAddr(r *http.Request) string {
+	if h.advertise != "" {
+		return h.advertise
+	}
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		return a.String()
+	}
+	return ""
+}
+
+// What a forward came to.
+type forwardResult uint8
+
+const (
+	forwardAnswered    forwardResult = iota // the owner's answer went to the client
+	forwardUnreachable                      // the owner could not be dialed: nothing was sent
+	forwardNotOwner                         // the instance there does not serve the session
+	forwardFailed                           // sent, then failed before any answer: not sent again
+)
+
+// forward sends r to o and passes its answer on as it comes.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner) (forwardResult, error) {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl == nil {
+		return forwardUnreachable, nil
+	}
+	repl.Set(placeholderOwner, o.Addr)
+	repl.Set(placeholderOwnerID, o.ID)
+	ow := &ownerReplyWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, header: http.Header{}}
+	err := h.forwarder.ServeHTTP(ow, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+	var dial reverseproxy.DialError
+	switch {
+	case ow.notOwner:
+		metrics.forwards.WithLabelValues("not_owner").Inc()
+		return forwardNotOwner, nil
+	case !ow.wrote && errors.As(err, &dial):
+		metrics.forwards.WithLabelValues("unreachable").Inc()
+		if ok, suppressed := ownerWarns.Allow(time.Now()); ok {
+			h.logger.Warn("the instance owning a session did not answer; taking its sessions over",
+				zap.String("owner", o.Addr), zap.Error(err), zap.Int("suppressed", suppressed))
+		}
+		return forwardUnreachable, nil
+	case !ow.wrote && err != nil:
+		metrics.forwards.WithLabelValues("failed").Inc()
+		if r.Context().Err() != nil {
+			return forwardAnswered, nil // the client left: nothing to answer
+		}
+		return forwardFailed, nil
+	}
+	metrics.forwards.WithLabelValues("forwarded").Inc()
+	return forwardAnswered, err
+}
+
+// ownerReplyWriter passes an owner's answer on, except a 421 marked with
+// notOwnerHeader, which it keeps from the client: headers are held until
+// the status shows which it is.
+type ownerReplyWriter struct {
+	caddyhttp.ResponseWriterWrapper
+	header   http.Header
+	wrote    bool // the status went to the client
+	notOwner bool
+}
+
+func (w *ownerReplyWriter) Header() http.Header {
+	if w.wrote {
+		return w.ResponseWriter.Header()
+	}
+	return w.header
+}
+
+func (w *ownerReplyWriter) WriteHeader(status int) {
+	switch {
+	case w.wrote:
+		w.ResponseWriter.WriteHeader(status)
+		return
+	case w.notOwner:
+		return
+	case status == http.StatusMisdirectedRequest && w.header.Get(notOwnerHeader) != "":
+		w.notOwner = true
+		return
+	}
+	maps.Copy(w.ResponseWriter.Header(), w.header)
+	if status >= 200 {
+		w.wrote = true
+	} else {
+		clear(w.header) // an informational answer's headers are its own
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *ownerReplyWriter) Write(b []byte) (int, error) {
+	if w.notOwner {
+		return len(b), nil
+	}
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush sends what was written; before the status, there is nothing to.
+func (w *ownerReplyWriter) Flush() {
+	if w.wrote {
+		_ = http.NewResponseController(w.ResponseWriter).Flush()
+	}
+}
+
+// ownerStore is what order owner asks of the state engine.
+type ownerStore interface {
+	owner.Store
+	serializer.OwnerStore
+}
