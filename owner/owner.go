@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -67,6 +68,8 @@ type Directory struct {
 	ttl      time.Duration
 	downFor  time.Duration
 	now      func() time.Time
+
+	takeovers atomic.Int64
 
 	mu    sync.Mutex
 	known map[string]known     // by session id
@@ -153,6 +156,9 @@ func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner
 		return Owner{}, false
 	}
 	d.remember(id, o)
+	if o == me {
+		d.takeovers.Add(1)
+	}
 	if o.ID == d.self || d.isDown(o) {
 		return o, false
 	}
@@ -176,6 +182,9 @@ func (d *Directory) Forget(id string) {
 	delete(d.known, id)
 	d.mu.Unlock()
 }
+
+// TakeOvers counts the sessions this instance has taken over.
+func (d *Directory) TakeOvers() int64 { return d.takeovers.Load() }
 
 // Known counts the sessions whose owner this instance knows.
 func (d *Directory) Known() int {
