@@ -124,10 +124,15 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 
 // hereAddr is where a request reached this instance: the address
 // recorded for a session it creates or takes over, unless advertise
-// names another. It never comes from anything the client sent.
+// names another. It never comes from anything the client sent. "" over
+// TLS without advertise: the hop to an owner is plain HTTP, so such a
+// session gets no owner and each instance serves what reaches it.
 func (h *Handler) hereAddr(r *http.Request) string {
 	if h.advertise != "" {
 		return h.advertise
+	}
+	if r.TLS != nil {
+		return ""
 	}
 	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
 		return a.String()

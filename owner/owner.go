@@ -111,7 +111,8 @@ func (d *Directory) Created(id, addr string) {
 // owner returned; false, served here (this instance owns the session, or
 // no owner can be learned: the Store does not know the session or does
 // not answer). here is the address at which this request reached this
-// instance, recorded if it takes the session over.
+// instance, recorded if it takes the session over ("" for none: it then
+// serves the request without taking the session over).
 func (d *Directory) Route(ctx context.Context, s Store, id, here string) (Owner, bool) {
 	o, ok := d.lookup(id)
 	if !ok {
@@ -147,6 +148,9 @@ func (d *Directory) Unreachable(ctx context.Context, s Store, id string, o Owner
 }
 
 func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner, here string) (Owner, bool) {
+	if here == "" {
+		return Owner{}, false // no address to be reached at: served here, not recorded
+	}
 	me := Owner{ID: d.self, Addr: here}
 	rec, found, err := s.TakeOver(ctx, id, from.String(), me.String())
 	o, ok := Parse(rec)

@@ -168,6 +168,9 @@ func TestAnUnreachableOwnersSessionIsTakenOverByOneInstanceOnly(t *testing.T) {
 	if s.owners["s1"] != ownerB.String() {
 		t.Fatalf("recorded owner %q, want %q", s.owners["s1"], ownerB.String())
 	}
+	if b.TakeOvers() != 1 || other.TakeOvers() != 0 {
+		t.Fatalf("takeovers counted %d and %d, want 1 and 0", b.TakeOvers(), other.TakeOvers())
+	}
 }
 
 func TestAnOwnerThatDidNotAnswerIsNotTriedAgainForItsOtherSessions(t *testing.T) {
@@ -214,5 +217,17 @@ func TestTheDirectoryKeepsAtMostItsBoundOfSessions(t *testing.T) {
 	}
 	if n := d.Known(); n != 10 {
 		t.Fatalf("%d sessions known, want the bound, 10", n)
+	}
+}
+
+func TestAnInstanceWithoutAnAddressServesAnUnreachableOwnersSessionWithoutTakingItOver(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	s.owners["s1"] = ownerA.String()
+	b := newDir(ownerB.ID, c)
+	if _, forward := b.Unreachable(context.Background(), s, "s1", ownerA, "", true); forward {
+		t.Fatal("forwarded again to the owner that did not answer")
+	}
+	if s.owners["s1"] != ownerA.String() || b.TakeOvers() != 0 {
+		t.Fatalf("recorded %q after a takeover without an address", s.owners["s1"])
 	}
 }
