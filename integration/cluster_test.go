@@ -35,6 +35,9 @@ type clusterOptions struct {
 	Stub bool
 	// PHPWorkers is the size of each instance's PHP-FPM pool (default 4).
 	PHPWorkers int
+	// ProgressMS is each pool's MCP_PHP_PROGRESS_MS (default 150): a
+	// slow_count call of n steps takes n times as long.
+	ProgressMS int
 	// Order is mcp_serializer's `order` setting on every instance ("" leaves
 	// it out: the default, cluster with state redis and local otherwise).
 	Order string
@@ -93,7 +96,7 @@ func startCluster(t *testing.T, opts clusterOptions) *cluster {
 	} else {
 		store := sharedPHPStore(t)
 		for i := 0; i < opts.Instances; i++ {
-			fpm := startPHPFPM(t, phpFPMOptions{Workers: opts.PHPWorkers, Store: store})
+			fpm := startPHPFPM(t, phpFPMOptions{Workers: opts.PHPWorkers, Store: store, ProgressMS: opts.ProgressMS})
 			c.fpms = append(c.fpms, fpm)
 			upstreams = append(upstreams, "\t"+strings.ReplaceAll(fpm.fastcgiDirectives(), "\n\t", "\n\t\t"))
 		}

@@ -1,0 +1,215 @@
+package integration
+
+import (
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// order owner across three instances with real PHP-FPM pools on one
+// session store: the instance that created a session serves all of its
+// requests, the others forward them there (caddymodule/owners.go).
+
+func startOwnerCluster(t *testing.T, opts clusterOptions) *cluster {
+	t.Helper()
+	requireModule(t, redisStateModule)
+	opts.Order = "owner"
+	return startCluster(t, opts)
+}
+
+// forwardedBy logs and returns the requests each instance forwarded to
+// an owner, and the sessions each took over.
+func forwardedBy(t *testing.T, c *cluster) (forwarded, takeovers float64) {
+	t.Helper()
+	for _, in := range c.Instances {
+		if !in.proc.running() {
+			continue
+		}
+		f := in.metrics(t, "caddy_mcp_serializer_forwards_total")
+		o := sumValues(in.metrics(t, "caddy_mcp_serializer_takeovers_total"))
+		t.Logf("%s: forwards by result %v, takeovers %v", in.Name, nonZero(f), o)
+		forwarded += f[`{result="forwarded"}`]
+		takeovers += o
+	}
+	return forwarded, takeovers
+}
+
+// Behind round robin (Caddy's and nginx's), a connect's requests land on
+// all three instances; each meets its session's owner, so none fails.
+func TestClusterOwnerRoundRobinConnectsNeverFail(t *testing.T) {
+	prerequisites(t)
+	for _, b := range []balancer{caddyRoundRobin, nginxRoundRobin} {
+		t.Run(b.String(), func(t *testing.T) {
+			c := startOwnerCluster(t, clusterOptions{State: redisState(startRedis(t)), Balancer: b})
+			res := runPipeline(t, c, "order owner, "+b.String(), clusterN(t, 200))
+			wantNoFailure(t, res)
+			if forwarded, _ := forwardedBy(t, c); forwarded == 0 {
+				t.Error("no request was forwarded to its owner: the front did not spread sessions, or the instances did not forward")
+			}
+		})
+	}
+}
+
+// Calls of one session sent at once behind round robin reach three
+// instances and still run one at a time, at the owner: every call gets
+// its own answer.
+func TestClusterOwnerParallelCallsOfOneSessionGetTheirOwnAnswers(t *testing.T) {
+	prerequisites(t)
+	c := startOwnerCluster(t, clusterOptions{State: redisState(startRedis(t)), Balancer: caddyRoundRobin})
+	var res callsResult
+	runClient(t, 5*time.Minute, &res, "calls", "--url", c.Front+"/mcp", "--n", "20", "--concurrency", "4", "--calls", "3", "--timeout", "5000")
+	t.Logf("round robin, order owner: %s", res.summary())
+	logSamples(t, res.Samples)
+	forwardedBy(t, c)
+	if !res.OK || res.WrongCalls != 0 || res.IDMismatches != 0 || res.HTTPErrorCount != 0 {
+		t.Errorf("%s; want every call answered with its own reply", res.summary())
+	}
+}
+
+// Tool calls of 7 s through an 8 s Redis outage (SIGSTOP: connections
+// accepted, nothing answered), behind a front hashing Mcp-Session-Id and
+// behind round robin: the owners are known before the outage, so no call
+// waits for Redis and none is cut.
+func TestClusterOwnerLongCallsOutlastARedisOutage(t *testing.T) {
+	prerequisites(t)
+	for _, b := range []balancer{caddyHeaderHash, caddyRoundRobin} {
+		t.Run(b.String(), func(t *testing.T) {
+			redis := startRedis(t)
+			c := startOwnerCluster(t, clusterOptions{State: redisState(redis), Balancer: b, ProgressMS: 1000, PHPWorkers: 8})
+			done := make(chan callsResult, 1)
+			go func() {
+				var res callsResult
+				runClient(t, 2*time.Minute, &res, "calls", "--url", c.Front+"/mcp", "--n", "12", "--concurrency", "12",
+					"--calls", "1", "--tool", "slow_count", "--steps", "7", "--timeout", "30000")
+				done <- res
+			}()
+			time.Sleep(2 * time.Second)
+			redis.signal(t, syscall.SIGSTOP)
+			t.Cleanup(func() { redis.signal(t, syscall.SIGCONT) })
+			t.Log("redis paused for 8s")
+			time.Sleep(8 * time.Second)
+			redis.signal(t, syscall.SIGCONT)
+			var res callsResult
+			select {
+			case res = <-done:
+			case <-time.After(2 * time.Minute):
+				t.Fatal("the calls did not end within 2 minutes")
+			}
+			t.Logf("%s, order owner, 7 s calls through an 8 s Redis outage: %s", b, res.summary())
+			logSamples(t, res.Samples)
+			forwardedBy(t, c)
+			if res.Error != "" || !res.OK || res.WrongCalls != 0 || res.HTTPErrorCount != 0 {
+				t.Errorf("%s; want all 12 calls answered, none cut", res.summary())
+			}
+			if res.ElapsedMs < 7000 {
+				t.Errorf("the calls took %d ms: they did not run through the outage", res.ElapsedMs)
+			}
+		})
+	}
+}
+
+// One instance killed (SIGKILL) in the middle of a run behind round
+// robin: the connects in flight on it fail with clear errors, the others
+// take over the sessions it owned when they cannot dial it, nothing is
+// left waiting, and the two left serve the next 100 connects without
+// failure.
+func TestClusterOwnerInstanceKilledMidRun(t *testing.T) {
+	prerequisites(t)
+	c := startOwnerCluster(t, clusterOptions{State: redisState(startRedis(t)), Balancer: caddyRoundRobin, Front: deadInstanceFront})
+	wait, done := pipelineInBackground(t, c, "order owner, instance killed mid-run", clusterN(t, roundRobinFaultsN))
+	sleepUnlessDone(t, 2*time.Second, done, "the kill")
+	victim := c.Instances[1]
+	victim.kill(t)
+	t.Logf("killed %s", victim.Name)
+	res := wait()
+	wantOnlyClearErrors(t, res)
+	wantNothingStuck(t, c)
+	_, takeovers := forwardedBy(t, c)
+	t.Logf("sessions taken over from the killed instance: %v", takeovers)
+
+	after := runPipeline(t, c, "order owner, after the kill, two instances left", clusterN(t, 100))
+	wantNoFailure(t, after)
+}
+
+
+// The sessions of an instance killed (SIGKILL) are taken over by the
+// instance that next gets one of their requests, with their gate: a
+// session killed mid-initialization still holds logging/setLevel until
+// its notifications/initialized, which reaches a third instance and is
+// forwarded to the new owner. The dead owner is dialed once per instance,
+// not once per session.
+func TestClusterOwnerSessionsOfAKilledInstanceAreTakenOverStillGated(t *testing.T) {
+	prerequisites(t)
+	c := startOwnerCluster(t, clusterOptions{State: redisState(startRedis(t)), PHPWorkers: 2})
+	a, b, cc := c.Instances[0], c.Instances[1], c.Instances[2]
+	client := &http.Client{Timeout: 30 * time.Second}
+	initialize := func(t *testing.T, on *caddyInstance) string {
+		t.Helper()
+		resp, body := post(t, client, on.URL+"/mcp", "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"go-test","version":"1"}}}`)
+		session := resp.Header.Get("Mcp-Session-Id")
+		if resp.StatusCode != http.StatusOK || session == "" {
+			t.Fatalf("initialize on %s: status %d, body %s", on.Name, resp.StatusCode, body)
+		}
+		return session
+	}
+	initialized := func(t *testing.T, on *caddyInstance, session string) time.Time {
+		t.Helper()
+		sent := time.Now()
+		if resp, body := post(t, client, on.URL+"/mcp", session, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("notifications/initialized on %s: status %d, body %s", on.Name, resp.StatusCode, body)
+		}
+		return sent
+	}
+	gated := initialize(t, b)
+	open1, open2 := initialize(t, b), initialize(t, b)
+	initialized(t, b, open1)
+	initialized(t, b, open2)
+	b.kill(t)
+	t.Logf("killed %s, the owner of three sessions, one still initializing", b.Name)
+
+	type reply struct {
+		status int
+		body   []byte
+		at     time.Time
+	}
+	setLevel := make(chan reply, 1)
+	go func() {
+		status, body, err := postNoFatal(client, a.URL+"/mcp", gated, `{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"debug"}}`)
+		if err != nil {
+			body = []byte(err.Error())
+		}
+		setLevel <- reply{status, body, time.Now()}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	initializedAt := initialized(t, cc, gated)
+	var got reply
+	select {
+	case got = <-setLevel:
+	case <-time.After(40 * time.Second):
+		t.Fatal("logging/setLevel not answered within 40s")
+	}
+	t.Logf("logging/setLevel on %s answered %d %s, %v after initialized was sent to %s", a.Name, got.status, strings.TrimSpace(string(got.body)),
+		got.at.Sub(initializedAt).Round(time.Millisecond), cc.Name)
+	if got.status != http.StatusOK || !strings.Contains(string(got.body), `"result"`) {
+		t.Fatalf("logging/setLevel after the takeover: status %d, body %s (the session lost its gate, or its owner)", got.status, got.body)
+	}
+	if got.at.Before(initializedAt) {
+		t.Fatal("logging/setLevel was answered before notifications/initialized was sent")
+	}
+
+	for _, session := range []string{open1, open2} {
+		status, body, err := postNoFatal(client, cc.URL+"/mcp", session, `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
+		if err != nil || status != http.StatusOK || !strings.Contains(string(body), `"tools"`) {
+			t.Fatalf("tools/list on %s for a session of the killed instance: %d %s %v", cc.Name, status, body, err)
+		}
+	}
+	forwardedBy(t, c)
+	if n := cc.metrics(t, "caddy_mcp_serializer_forwards_total")[`{result="unreachable"}`]; n != 1 {
+		t.Errorf("%s dialed the killed owner %v times for two of its sessions, want once", cc.Name, n)
+	}
+	if n := sumValues(a.metrics(t, "caddy_mcp_serializer_takeovers_total")); n != 1 {
+		t.Errorf("%s took over %v sessions, want 1 (the gated one)", a.Name, n)
+	}
+}
