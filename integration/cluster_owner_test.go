@@ -133,7 +133,6 @@ func TestClusterOwnerInstanceKilledMidRun(t *testing.T) {
 	wantNoFailure(t, after)
 }
 
-
 // The sessions of an instance killed (SIGKILL) are taken over by the
 // instance that next gets one of their requests, with their gate: a
 // session killed mid-initialization still holds logging/setLevel until
