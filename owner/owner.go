@@ -71,9 +71,20 @@ type Directory struct {
 
 	takeovers atomic.Int64
 
-	mu    sync.Mutex
-	known map[string]known     // by session id
-	down  map[string]time.Time // owners that did not answer, until when
+	mu       sync.Mutex
+	known    map[string]known       // by session id
+	down     map[string]time.Time   // owners that did not answer, until when
+	learning map[string]*lookupCall // lookups in flight, by session id
+}
+
+// lookupCall is one lookup of a session's owner, which the requests of
+// the session arriving meanwhile wait for rather than ask again: a client
+// sends notifications/initialized and its next requests at once.
+type lookupCall struct {
+	done    chan struct{}
+	owner   Owner
+	ok      bool
+	waiters int // requests waiting for it; guarded by Directory.mu
 }
 
 type known struct {
@@ -94,7 +105,7 @@ func NewDirectory(self string, maxKnown int, ttl, downFor time.Duration, now fun
 	}
 	return &Directory{
 		self: self, maxKnown: max(maxKnown, 1), ttl: ttl, downFor: downFor, now: now,
-		known: map[string]known{}, down: map[string]time.Time{},
+		known: map[string]known{}, down: map[string]time.Time{}, learning: map[string]*lookupCall{},
 	}
 }
 
@@ -116,14 +127,9 @@ func (d *Directory) Created(id, addr string) {
 func (d *Directory) Route(ctx context.Context, s Store, id, here string) (Owner, bool) {
 	o, ok := d.lookup(id)
 	if !ok {
-		rec, found, err := s.Owner(ctx, id)
-		if err != nil || !found {
+		if o, ok = d.learn(ctx, s, id); !ok {
 			return Owner{}, false
 		}
-		if o, ok = Parse(rec); !ok {
-			return Owner{}, false
-		}
-		d.remember(id, o)
 	}
 	if o.ID == d.self {
 		return o, false
@@ -132,6 +138,38 @@ func (d *Directory) Route(ctx context.Context, s Store, id, here string) (Owner,
 		return d.takeOver(ctx, s, id, o, here)
 	}
 	return o, true
+}
+
+// learn asks the Store for session id's owner, once for all the
+// session's requests that arrive while it asks.
+func (d *Directory) learn(ctx context.Context, s Store, id string) (Owner, bool) {
+	d.mu.Lock()
+	if c := d.learning[id]; c != nil {
+		c.waiters++
+		d.mu.Unlock()
+		select {
+		case <-c.done:
+			return c.owner, c.ok
+		case <-ctx.Done():
+			return Owner{}, false
+		}
+	}
+	c := &lookupCall{done: make(chan struct{})}
+	d.learning[id] = c
+	d.mu.Unlock()
+
+	rec, found, err := s.Owner(ctx, id)
+	if err == nil && found {
+		c.owner, c.ok = Parse(rec)
+	}
+	if c.ok {
+		d.remember(id, c.owner)
+	}
+	d.mu.Lock()
+	delete(d.learning, id)
+	d.mu.Unlock()
+	close(c.done)
+	return c.owner, c.ok
 }
 
 // Unreachable is told that a request forwarded to o did not reach it as

@@ -16,12 +16,16 @@ type memStore struct {
 	owners map[string]string // session id → recorded owner
 	fail   error
 	calls  atomic.Int64
+	hold   chan struct{} // while open, Owner waits for it to close
 }
 
 func newMemStore() *memStore { return &memStore{owners: map[string]string{}} }
 
 func (m *memStore) Owner(_ context.Context, id string) (string, bool, error) {
 	m.calls.Add(1)
+	if m.hold != nil {
+		<-m.hold
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.fail != nil {
@@ -230,4 +234,44 @@ func TestAnInstanceWithoutAnAddressServesAnUnreachableOwnersSessionWithoutTaking
 	if s.owners["s1"] != ownerA.String() || b.TakeOvers() != 0 {
 		t.Fatalf("recorded %q after a takeover without an address", s.owners["s1"])
 	}
+}
+
+func TestRequestsOfASessionArrivingTogetherAskForItsOwnerOnce(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	s.owners["s1"] = ownerA.String()
+	s.hold = make(chan struct{})
+	d := newDir(ownerB.ID, c)
+	routed := make(chan Owner, 5)
+	for range 5 {
+		go func() {
+			o, _ := d.Route(context.Background(), s, "s1", ownerB.Addr)
+			routed <- o
+		}()
+	}
+	// Released once the four others wait for the first one's lookup.
+	deadline := time.Now().Add(5 * time.Second)
+	for waiting(d, "s1") < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests wait for the lookup in flight, want 4; %d lookups", waiting(d, "s1"), s.calls.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(s.hold)
+	for range 5 {
+		if o := <-routed; o != ownerA {
+			t.Fatalf("a request was routed to %v, want %v", o, ownerA)
+		}
+	}
+	if n := s.calls.Load(); n != 1 {
+		t.Fatalf("%d lookups for five requests arriving together, want 1", n)
+	}
+}
+
+func waiting(d *Directory, id string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c := d.learning[id]; c != nil {
+		return c.waiters
+	}
+	return 0
 }
