@@ -9,7 +9,7 @@ CADDY        := $(BIN)/caddy
 # that a not-found so xcaddy's --replace of this checkout is used.
 LOCAL_GOPROXY := $(shell go env GOPROXY | cut -d, -f1)|off
 # What the Caddy binary is built from (tests excluded), and the demo backend.
-CADDY_SOURCES := $(filter-out %_test.go,$(wildcard caddymodule/*.go serializer/*.go stateengine/*.go redisstate/*.go storagestate/*.go internal/*/*.go probe/*.go)) go.mod go.sum
+CADDY_SOURCES := $(filter-out %_test.go,$(wildcard caddymodule/*.go serializer/*.go stateengine/*.go redisstate/*.go storagestate/*.go owner/*.go internal/*/*.go probe/*.go)) go.mod go.sum
 DEMO_SOURCES  := $(filter-out %_test.go,$(wildcard examples/demo-backend/*.go integration/mcpstub/*.go probe/*.go)) go.mod
 
 export MCP_SERIALIZER_CADDY := $(CADDY)

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -210,5 +211,66 @@ func TestClusterOwnerSessionsOfAKilledInstanceAreTakenOverStillGated(t *testing.
 	}
 	if n := sumValues(a.metrics(t, "caddy_mcp_serializer_takeovers_total")); n != 1 {
 		t.Errorf("%s took over %v sessions, want 1 (the gated one)", a.Name, n)
+	}
+}
+
+// redisCommands counts the commands r has been sent, as the module
+// sends them: scripts (each counted once, not the calls inside it),
+// lookups and deletes; a client's connection handshake is left out.
+func redisCommands(t *testing.T, r *redisServer) float64 {
+	t.Helper()
+	info, err := r.command("INFO", "commandstats")
+	if err != nil {
+		t.Fatalf("redis INFO: %v", err)
+	}
+	total := 0.0
+	for _, line := range strings.Split(info, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		switch strings.TrimPrefix(name, "cmdstat_") {
+		case "evalsha", "eval", "hmget", "del":
+		default:
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
+		n, err := strconv.ParseFloat(calls, 64)
+		if !ok || err != nil {
+			t.Fatalf("commandstats line %q", line)
+		}
+		total += n
+	}
+	return total
+}
+
+// What a connect (initialize, notifications/initialized, logging/setLevel,
+// tools/list, DELETE) costs in Redis commands with order owner: the
+// session's own record writes (created, initialize ended, opened,
+// forgotten) and one lookup on each other instance that meets it, behind
+// a hashing front and behind round robin; order cluster's figures beside
+// them for comparison.
+func TestClusterOwnerRedisCommandsPerConnectAreTheRecordsOwn(t *testing.T) {
+	prerequisites(t)
+	const n = 100
+	for _, tc := range []struct {
+		order string
+		front balancer
+		most  float64 // commands per connect, with order owner
+	}{
+		{"owner", caddyHeaderHash, 4 + 1},
+		{"owner", caddyRoundRobin, 4 + 2},
+		{"cluster", caddyHeaderHash, 0},
+		{"cluster", caddyRoundRobin, 0},
+	} {
+		t.Run(tc.order+"/"+tc.front.String(), func(t *testing.T) {
+			redis := startRedis(t)
+			c := startCluster(t, clusterOptions{State: redisState(redis), Order: tc.order, Balancer: tc.front})
+			before := redisCommands(t, redis)
+			res := runPipeline(t, c, "order "+tc.order+", "+tc.front.String(), n)
+			wantNoFailure(t, res)
+			perConnect := (redisCommands(t, redis) - before) / n
+			t.Logf("order %s behind %s: %.2f Redis commands per connect, %d connects in %d ms", tc.order, tc.front, perConnect, n, res.ElapsedMs)
+			if tc.most > 0 && perConnect > tc.most {
+				t.Errorf("%.2f Redis commands per connect, want at most %v (the record's writes and a lookup per other instance)", perConnect, tc.most)
+			}
+		})
 	}
 }
