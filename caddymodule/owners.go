@@ -134,7 +134,8 @@ func (h *Handler) hereAddr(r *http.Request) string {
 	if r.TLS != nil {
 		return ""
 	}
-	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+	// A unix socket has no address another instance could dial.
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
 		return a.String()
 	}
 	return ""
@@ -229,6 +230,15 @@ func (w *ownerReplyWriter) Write(b []byte) (int, error) {
 	}
 	return w.ResponseWriter.Write(b)
 }
+
+// ReadFrom copies through Write: the wrapper's own ReadFrom would pass
+// the body to the client even when it is held back.
+func (w *ownerReplyWriter) ReadFrom(r io.Reader) (int64, error) {
+	return io.Copy(writeOnly{w}, r)
+}
+
+// writeOnly hides every method but Write, so that io.Copy uses it.
+type writeOnly struct{ io.Writer }
 
 // Flush sends what was written; before the status, there is nothing to.
 func (w *ownerReplyWriter) Flush() {
