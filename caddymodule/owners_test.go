@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -27,32 +28,36 @@ import (
 type ownerInstances struct {
 	a, b, front string // URLs
 	redis       *redis.Client
+	admin       string
+	caddyfile   func(redisTimeout string) string
 }
 
 func startOwnerInstances(t *testing.T, upstream string) *ownerInstances {
-	return startInstances(t, upstream, "owner")
-}
-
-// startInstances is startOwnerInstances with another order.
-func startInstances(t *testing.T, upstream, order string) *ownerInstances {
 	t.Helper()
 	redisAddr := redistest.Start(t)
 	adminPort, pa, pb, pf := testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t)
-	instance := func(name string, port int) string {
+	instance := func(name string, port int, redisTimeout string) string {
 		return fmt.Sprintf(`http://127.0.0.1:%d {
 	metrics /metrics
 	mcp_serializer {
 		name %s
-		order %s
-		state redis %s
+		order owner
+		state redis %s {
+			timeout %s
+		}
 	}
 	reverse_proxy %s {
 		flush_interval -1
 	}
 }
-`, port, name, order, redisAddr, upstream)
+`, port, name, redisAddr, redisTimeout, upstream)
 	}
-	caddyfile := fmt.Sprintf(`{
+	in := &ownerInstances{
+		a: fmt.Sprintf("http://127.0.0.1:%d", pa), b: fmt.Sprintf("http://127.0.0.1:%d", pb),
+		front: fmt.Sprintf("http://127.0.0.1:%d", pf), admin: fmt.Sprintf("http://127.0.0.1:%d", adminPort),
+	}
+	in.caddyfile = func(redisTimeout string) string {
+		return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	auto_https off
 	persist_config off
@@ -60,23 +65,38 @@ func startInstances(t *testing.T, upstream, order string) *ownerInstances {
 		output discard
 	}
 }
-`, adminPort) + instance("a", pa) + instance("b", pb) + fmt.Sprintf(`http://127.0.0.1:%d {
+`, adminPort) + instance("a", pa, redisTimeout) + instance("b", pb, redisTimeout) + fmt.Sprintf(`http://127.0.0.1:%d {
 	reverse_proxy 127.0.0.1:%d 127.0.0.1:%d {
 		lb_policy round_robin
 		flush_interval -1
 	}
 }
 `, pf, pa, pb)
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+	}
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(in.caddyfile("250ms")), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	loadCaddy(t, cfg)
-	client := redis.NewClient(&redis.Options{Addr: redisAddr})
-	t.Cleanup(func() { client.Close() })
-	return &ownerInstances{
-		a: fmt.Sprintf("http://127.0.0.1:%d", pa), b: fmt.Sprintf("http://127.0.0.1:%d", pb),
-		front: fmt.Sprintf("http://127.0.0.1:%d", pf), redis: client,
+	in.redis = redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { in.redis.Close() })
+	return in
+}
+
+// reload loads the instances' config with another Redis timeout through
+// the admin API, as `caddy reload` does: a new Redis client on both.
+func (in *ownerInstances) reload(t *testing.T, redisTimeout string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, in.admin+"/load", strings.NewReader(in.caddyfile(redisTimeout)))
+	req.Header.Set("Content-Type", "text/caddyfile")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		t.Fatalf("reload: %s: %s", resp.Status, body)
 	}
 }
 
@@ -179,4 +199,64 @@ func scrapeMetric(t *testing.T, site, series string) float64 {
 		}
 	}
 	return 0
+}
+
+// A reload that changes how Redis is reached (a new client on every
+// instance) while a forwarded tool call runs at the owner: the call goes on
+// to its end, and the session's next request is forwarded with the new
+// config.
+func TestAReloadChangingTheRedisConnectionCutsNoForwardedCall(t *testing.T) {
+	release := make(chan struct{})
+	up, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(string(body), `"initialize"`) {
+			w.Header().Set("Mcp-Session-Id", "s-long")
+		}
+		if strings.Contains(string(body), "block") {
+			select {
+			case <-release:
+			case <-time.After(20 * time.Second):
+			}
+		}
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	})
+	in := startOwnerInstances(t, addr)
+	resp := post(t, in.a, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)
+	resp.Body.Close()
+	resp = post(t, in.a, "s-long", `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	resp.Body.Close()
+	up.next(t)
+	up.next(t)
+
+	const forwarded = `caddy_mcp_serializer_forwards_total{result="forwarded"}`
+	before := scrapeMetric(t, in.b, forwarded)
+	call := sendAsync(context.Background(), in.b, "s-long", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"block"}}`)
+	up.next(t) // the call reached the upstream through the owner
+	in.reload(t, "300ms")
+	close(release)
+	select {
+	case resp := <-call:
+		if resp == nil {
+			t.Fatal("the forwarded call failed across the reload")
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"result"`) {
+			t.Fatalf("the forwarded call across the reload: %d %s", resp.StatusCode, body)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the forwarded call did not end within 30s")
+	}
+
+	resp = post(t, in.b, "s-long", `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the next request after the reload: %s", resp.Status)
+	}
+	if n := len(up.requests()); n != 4 {
+		t.Fatalf("upstream saw %d requests, want 4 (initialize, initialized, the call, tools/list)", n)
+	}
+	if n := scrapeMetric(t, in.b, forwarded) - before; n != 2 {
+		t.Fatalf("b forwarded %v of the session's requests to its owner, want 2", n)
+	}
 }
