@@ -354,7 +354,7 @@ func (h *Handler) Validate() error {
 // validateOwnerOrder checks that the state engine can record and take
 // over owners, and reads advertise.
 func (h *Handler) validateOwnerOrder() error {
-	if h.engine == nil || h.engine.Abilities().TakeOver == nil {
+	if h.engine == nil || h.engine.Abilities().TakeOver == nil || h.engine.Abilities().ClaimOwner == nil {
 		return fmt.Errorf("order owner needs shared state that records session owners (state redis)")
 	}
 	if h.Advertise == "" {

@@ -89,7 +89,13 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 			"this instance does not serve this MCP session: the instance that forwarded the request takes it over", reqID)
 	}
 	here := h.hereAddr(r)
-	o, forward := h.owners.Route(r.Context(), h.ownerStore, id, here)
+	var o owner.Owner
+	var forward bool
+	if info.keyed {
+		o, forward = h.owners.RouteKey(r.Context(), h.ownerStore, id, here)
+	} else {
+		o, forward = h.owners.Route(r.Context(), h.ownerStore, id, here)
+	}
 	unread := raw == nil && r.Body != nil && r.Body != http.NoBody
 	for tries := 0; forward && tries < 2; tries++ {
 		if raw != nil {
@@ -249,6 +255,6 @@ func (w *ownerReplyWriter) Flush() {
 
 // ownerStore is what order owner asks of the state engine.
 type ownerStore interface {
-	owner.Store
+	owner.Claimer
 	serializer.OwnerStore
 }

@@ -140,6 +140,9 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 	info := newRequestInfo(r, key)
 	info.keyed, info.method = true, body.method
 	info.publish(r)
+	if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
+		return err
+	}
 	return h.serveInTurn(w, r, next, info, body.traits, body.id)
 }
 

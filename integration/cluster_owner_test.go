@@ -274,3 +274,21 @@ func TestClusterOwnerRedisCommandsPerConnectAreTheRecordsOwn(t *testing.T) {
 		})
 	}
 }
+
+// Parallel calls on one cart handle through three instances behind round
+// robin, keyed on the handle, with order owner: the first instance to meet
+// the handle owns it, the others forward its calls there, and no update is
+// lost.
+func TestClusterOwnerRunsCallsOnOneHandleOneAtATime(t *testing.T) {
+	prerequisites(t)
+	c := startOwnerCluster(t, clusterOptions{State: redisState(startRedis(t)), Key: cartKey, Balancer: caddyRoundRobin})
+	for i := 0; i < 3; i++ {
+		wantNoLostUpdate(t, "order owner, race "+strconv.Itoa(i+1), runCartRace(t, c))
+	}
+	if forwarded, _ := forwardedBy(t, c); forwarded == 0 {
+		t.Error("no call was forwarded to its handle's owner")
+	}
+	if errs := nonZero(c.stateErrors(t)); len(errs) != 0 {
+		t.Errorf("failed state calls: %v", errs)
+	}
+}

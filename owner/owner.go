@@ -59,6 +59,16 @@ type Store interface {
 	TakeOver(ctx context.Context, id, from, to string) (owner string, found bool, err error)
 }
 
+// Claimer is a Store that also records owners for queues that have no
+// record of their own: those of the key setting.
+type Claimer interface {
+	Store
+	// Claim records me as the owner of id unless one is, creating its
+	// record if there is none, and returns the owner recorded then; a
+	// record me owns lives one session's life more.
+	Claim(ctx context.Context, id, me string) (owner string, err error)
+}
+
 // Directory is one instance's view of who owns which session: asked of
 // the Store the first time the instance meets a session, then kept, so
 // a front that keeps a session on one instance costs no engine call.
@@ -127,10 +137,39 @@ func (d *Directory) Created(id, addr string) {
 func (d *Directory) Route(ctx context.Context, s Store, id, here string) (Owner, bool) {
 	o, ok := d.lookup(id)
 	if !ok {
-		if o, ok = d.learn(ctx, s, id); !ok {
+		if o, ok = d.learn(ctx, id, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) }); !ok {
 			return Owner{}, false
 		}
 	}
+	return d.routeTo(ctx, s, id, o, here)
+}
+
+// RouteKey is Route for a key's queue, which has no record until an
+// instance claims it: the first instance to meet the key owns it. The
+// owner claims it again, which keeps its record alive, once half a
+// session's life has passed since it last did, and never serves it on
+// older knowledge than that.
+func (d *Directory) RouteKey(ctx context.Context, s Claimer, id, here string) (Owner, bool) {
+	if here == "" {
+		return Owner{}, false
+	}
+	k, ok := d.entry(id)
+	if ok && (k.owner.ID != d.self || d.now().Sub(k.learned) < d.ttl/2) {
+		return d.routeTo(ctx, s, id, k.owner, here)
+	}
+	me := Owner{ID: d.self, Addr: here}.String()
+	o, ok := d.learn(ctx, id, func(ctx context.Context) (string, bool, error) {
+		rec, err := s.Claim(ctx, id, me)
+		return rec, err == nil, err
+	})
+	if !ok {
+		return Owner{}, false
+	}
+	return d.routeTo(ctx, s, id, o, here)
+}
+
+// routeTo says where a request goes whose session (or key) o owns.
+func (d *Directory) routeTo(ctx context.Context, s Store, id string, o Owner, here string) (Owner, bool) {
 	if o.ID == d.self {
 		return o, false
 	}
@@ -140,9 +179,9 @@ func (d *Directory) Route(ctx context.Context, s Store, id, here string) (Owner,
 	return o, true
 }
 
-// learn asks the Store for session id's owner, once for all the
-// session's requests that arrive while it asks.
-func (d *Directory) learn(ctx context.Context, s Store, id string) (Owner, bool) {
+// learn asks for session id's owner with ask, once for all the session's
+// requests that arrive while it asks.
+func (d *Directory) learn(ctx context.Context, id string, ask func(context.Context) (owner string, found bool, err error)) (Owner, bool) {
 	d.mu.Lock()
 	if c := d.learning[id]; c != nil {
 		c.waiters++
@@ -158,7 +197,7 @@ func (d *Directory) learn(ctx context.Context, s Store, id string) (Owner, bool)
 	d.learning[id] = c
 	d.mu.Unlock()
 
-	rec, found, err := s.Owner(ctx, id)
+	rec, found, err := ask(ctx)
 	if err == nil && found {
 		c.owner, c.ok = Parse(rec)
 	}
@@ -236,17 +275,23 @@ func (d *Directory) Known() int {
 }
 
 func (d *Directory) lookup(id string) (Owner, bool) {
+	k, ok := d.entry(id)
+	return k.owner, ok
+}
+
+// entry is what is known of id's owner, and since when.
+func (d *Directory) entry(id string) (known, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	k, ok := d.known[id]
 	if !ok {
-		return Owner{}, false
+		return known{}, false
 	}
 	if d.now().Sub(k.learned) >= d.ttl {
 		delete(d.known, id)
-		return Owner{}, false
+		return known{}, false
 	}
-	return k.owner, true
+	return k, true
 }
 
 func (d *Directory) remember(id string, o Owner) {

@@ -275,3 +275,65 @@ func waiting(d *Directory, id string) int {
 	}
 	return 0
 }
+
+func (m *memStore) Claim(_ context.Context, id, me string) (string, error) {
+	m.calls.Add(1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail != nil {
+		return "", m.fail
+	}
+	if o := m.owners[id]; o != "" {
+		return o, nil
+	}
+	m.owners[id] = me
+	return me, nil
+}
+
+func TestTheFirstInstanceToMeetAKeyOwnsItAndTheOthersForwardToIt(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	a, b := newDir(ownerA.ID, c), newDir(ownerB.ID, c)
+	if o, forward := a.RouteKey(context.Background(), s, "key k", ownerA.Addr); forward || o != ownerA {
+		t.Fatalf("first to meet the key: %v, %v; want it served here", o, forward)
+	}
+	for range 3 {
+		if o, forward := b.RouteKey(context.Background(), s, "key k", ownerB.Addr); !forward || o != ownerA {
+			t.Fatalf("second: %v, %v; want forwarded to %v", o, forward, ownerA)
+		}
+	}
+	if n := s.calls.Load(); n != 2 {
+		t.Fatalf("%d store calls, want 2 (one claim per instance)", n)
+	}
+}
+
+func TestAKeysOwnerClaimsItAgainOnlyAfterHalfASessionsLife(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	a := newDir(ownerA.ID, c) // sessions live an hour
+	for range 3 {
+		a.RouteKey(context.Background(), s, "key k", ownerA.Addr)
+		c.add(10 * time.Minute)
+	}
+	if n := s.calls.Load(); n != 1 {
+		t.Fatalf("%d claims within half an hour, want 1", n)
+	}
+	c.add(time.Minute)
+	if _, forward := a.RouteKey(context.Background(), s, "key k", ownerA.Addr); forward {
+		t.Fatal("the owner forwarded its own key")
+	}
+	if n := s.calls.Load(); n != 2 {
+		t.Fatalf("%d claims after half an hour, want 2", n)
+	}
+}
+
+func TestAKeyWhoseOwnerDoesNotAnswerIsTakenOver(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	a, b := newDir(ownerA.ID, c), newDir(ownerB.ID, c)
+	a.RouteKey(context.Background(), s, "key k", ownerA.Addr)
+	o, _ := b.RouteKey(context.Background(), s, "key k", ownerB.Addr)
+	if o, forward := b.Unreachable(context.Background(), s, "key k", o, ownerB.Addr, true); forward || o != ownerB {
+		t.Fatalf("after the owner did not answer: %v, %v; want taken over here", o, forward)
+	}
+	if s.owners["key k"] != ownerB.String() {
+		t.Fatalf("recorded %q", s.owners["key k"])
+	}
+}

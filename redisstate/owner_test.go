@@ -77,3 +77,32 @@ func TestRedisTakeOverHasOneWinnerAmongInstancesRacing(t *testing.T) {
 		t.Fatal("TakeOver created a record")
 	}
 }
+
+// A key's queue has no record until the first instance claims it: that
+// instance owns it, a later claim learns it, and only the owner's claim
+// extends the record's life.
+func TestRedisClaimOwnerHasOneWinnerAndOnlyTheOwnerExtendsTheRecord(t *testing.T) {
+	addr := redistest.Start(t)
+	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
+	ctx := context.Background()
+	key := "k1"
+	if owner, err := eng.ClaimOwner(ctx, key, "a 10.0.0.1:8080", time.Minute); err != nil || owner != "a 10.0.0.1:8080" {
+		t.Fatalf("first claim = %q, %v", owner, err)
+	}
+	if owner, err := eng.ClaimOwner(ctx, key, "b 10.0.0.2:8080", time.Hour); err != nil || owner != "a 10.0.0.1:8080" {
+		t.Fatalf("second claim = %q, %v; want the first claimer", owner, err)
+	}
+	ttl := eng.client.PTTL(ctx, eng.KeyPrefix+key).Val()
+	if ttl <= 0 || ttl > time.Minute {
+		t.Fatalf("record lives %v after another instance's claim, want at most the owner's minute", ttl)
+	}
+	if _, err := eng.ClaimOwner(ctx, key, "a 10.0.0.1:8080", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := eng.client.PTTL(ctx, eng.KeyPrefix+key).Val(); ttl <= time.Minute {
+		t.Fatalf("record lives %v after its owner's claim for an hour", ttl)
+	}
+	if rec, found, err := eng.Lookup(ctx, key); err != nil || !found || rec.Owner != "a 10.0.0.1:8080" {
+		t.Fatalf("Lookup = %+v, %v, %v", rec, found, err)
+	}
+}

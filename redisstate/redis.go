@@ -291,7 +291,7 @@ func (r *Engine) Cleanup() error {
 // Abilities: writes in batches (one pipeline), cluster turns with
 // announcements, and session owners taken over.
 func (r *Engine) Abilities() stateengine.Abilities {
-	return stateengine.Abilities{Batch: r.Writes, Turns: r, TakeOver: r.TakeOver}
+	return stateengine.Abilities{Batch: r.Writes, Turns: r, TakeOver: r.TakeOver, ClaimOwner: r.ClaimOwner}
 }
 
 // CallTimeout bounds each call.
@@ -318,6 +318,25 @@ if owner == false or owner == '' or owner == ARGV[1] then
 end
 return owner
 `)
+
+// claimScript makes ARGV[1] the owner of the record KEYS[1] unless it
+// has one, and returns the owner recorded then; the record lives ARGV[2]
+// ms more if ARGV[1] owns it. A key (the key setting) has no other record.
+var claimScript = redis.NewScript(`
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == false or owner == '' then
+  redis.call('HSET', KEYS[1], 'open', '1', 'deadline', '0', 'inflight', '0', 'owner', ARGV[1])
+  owner = ARGV[1]
+end
+if owner == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return owner
+`)
+
+// ClaimOwner records me as the owner of the record at key unless another
+// is (stateengine.Abilities.ClaimOwner).
+func (r *Engine) ClaimOwner(ctx context.Context, key, me string, ttl time.Duration) (string, error) {
+	return claimScript.Run(ctx, r.client, []string{r.KeyPrefix + key}, me, ttl.Milliseconds()).Text()
+}
 
 // TakeOver records to as the record's owner if from still is
 // (stateengine.Abilities.TakeOver).

@@ -48,6 +48,7 @@ type Adapter struct {
 	// call (order cluster: requests held at the gate elsewhere go at once).
 	announceOpened bool
 	takeOver       func(ctx context.Context, key, from, to string) (string, bool, error) // Abilities.TakeOver
+	claimOwner     func(ctx context.Context, key, me string, ttl time.Duration) (string, error)
 
 	errors [NumOps]prometheus.Counter
 	warns  [NumOps]warnlimit.Limiter
@@ -57,16 +58,17 @@ type Adapter struct {
 // failures are counted in errors by op and logged to logger.
 func NewAdapter(engine Engine, ttl time.Duration, logger *zap.Logger, errors *prometheus.CounterVec) *Adapter {
 	s := &Adapter{
-		engine:   engine,
-		ttl:      ttl,
-		timeout:  engine.CallTimeout(),
-		logger:   logger,
-		now:      time.Now,
-		slots:    make(chan struct{}, maxStateCallsInFlight),
-		notFound: newNotFoundCache(),
-		writes:   writeQueue{wake: make(chan struct{}, maxWriteBatches)},
-		batch:    engine.Abilities().Batch,
-		takeOver: engine.Abilities().TakeOver,
+		engine:     engine,
+		ttl:        ttl,
+		timeout:    engine.CallTimeout(),
+		logger:     logger,
+		now:        time.Now,
+		slots:      make(chan struct{}, maxStateCallsInFlight),
+		notFound:   newNotFoundCache(),
+		writes:     writeQueue{wake: make(chan struct{}, maxWriteBatches)},
+		batch:      engine.Abilities().Batch,
+		takeOver:   engine.Abilities().TakeOver,
+		claimOwner: engine.Abilities().ClaimOwner,
 	}
 	for op := range NumOps {
 		s.errors[op] = errors.WithLabelValues(op.String())
@@ -170,6 +172,20 @@ func (s *Adapter) TakeOver(ctx context.Context, id, from, to string) (string, bo
 		return lookupResult{serializer.Record{Owner: owner}, found}, err
 	})
 	return res.rec.Owner, res.found, err
+}
+
+// Claim records me as the owner of id unless one is, and returns the
+// owner recorded then (owner.Claimer): for a key's queue, which has no
+// record until its first claim. The record lives as long as a session's.
+func (s *Adapter) Claim(ctx context.Context, id, me string) (string, error) {
+	if s.claimOwner == nil {
+		return "", errNoOwners
+	}
+	key := serializer.StoreKey(id)
+	s.notFound.drop(key)
+	return bounded(s, ctx, OpClaimOwner, id, key, func(ctx context.Context, key string) (string, error) {
+		return s.claimOwner(ctx, key, me, s.ttl)
+	})
 }
 
 // errNoOwners is TakeOver's answer on an engine that records no owners.

@@ -72,6 +72,11 @@ type Abilities struct {
 	// false when there is no record. Owners are recorded by Created
 	// writes sent through Batch (Write.Owner).
 	TakeOver func(ctx context.Context, key, from, to string) (owner string, found bool, err error)
+	// ClaimOwner, when set, records me as the owner of the record at key
+	// unless one is, creating the record if there is none, and returns the
+	// owner recorded then; a record me owns lives ttl more. For queues
+	// that have no record of their own (the key setting).
+	ClaimOwner func(ctx context.Context, key, me string, ttl time.Duration) (owner string, err error)
 }
 
 // TurnKeeper keeps cluster turns by key (serializer.TurnStore, with keys
@@ -107,11 +112,12 @@ const (
 	OpRelease
 	// Owners.
 	OpTakeOver
+	OpClaimOwner
 	NumOps
 )
 
 var opNames = [NumOps]string{"created", "initialize_ended", "opened", "touch", "forget", "lookup",
-	"take", "claim", "renew", "release", "take_over"}
+	"take", "claim", "renew", "release", "take_over", "claim_owner"}
 
 func (o Op) String() string { return opNames[o] }
 
