@@ -292,3 +292,58 @@ func TestClusterOwnerRunsCallsOnOneHandleOneAtATime(t *testing.T) {
 		t.Errorf("failed state calls: %v", errs)
 	}
 }
+
+// Redis killed and started again empty, then unresponsive (SIGSTOP) past
+// any timeout, in the middle of a run behind round robin: a session whose
+// owner an instance cannot learn goes in that instance's order (the
+// documented exception, so a connect made during the outage may fail with
+// a clear error), nothing hangs or stays waiting, and once Redis answers
+// again the next 100 connects do not fail.
+func TestClusterOwnerRoundRobinThroughRedisFaults(t *testing.T) {
+	prerequisites(t)
+	for _, fault := range []string{"restarted empty", "unresponsive"} {
+		t.Run(fault, func(t *testing.T) {
+			redis := startRedis(t)
+			c := startOwnerCluster(t, clusterOptions{State: redisState(redis), Balancer: caddyRoundRobin})
+			wait, done := pipelineInBackground(t, c, "order owner, redis "+fault+" mid-run", clusterN(t, roundRobinFaultsN))
+			sleepUnlessDone(t, 2*time.Second, done, "the fault")
+			if fault == "restarted empty" {
+				redis.kill(t)
+				sleepUnlessDone(t, 2*time.Second, done, "restarting Redis")
+				redis.start(t)
+			} else {
+				redis.signal(t, syscall.SIGSTOP)
+				t.Cleanup(func() { redis.signal(t, syscall.SIGCONT) })
+				sleepUnlessDone(t, 3*time.Second, done, "resuming Redis")
+				redis.signal(t, syscall.SIGCONT)
+			}
+			t.Logf("redis %s, then back", fault)
+			res := wait()
+			wantBoundedThroughFault(t, c, res, crossedRepliesLogged)
+			wantNothingStuck(t, c)
+			wantStateErrorsCounted(t, c)
+			forwardedBy(t, c)
+
+			after := runPipeline(t, c, "order owner, after Redis came back", clusterN(t, 100))
+			wantNoFailure(t, after)
+		})
+	}
+}
+
+// The documented least-privilege ACL user, without any channel (Redis 7's
+// default for a new user): order owner needs no announcement, so round
+// robin connects and a handle's parallel calls go as fast and as safely as
+// with every right.
+func TestClusterOwnerWithTheLeastPrivilegedUserWithoutChannels(t *testing.T) {
+	prerequisites(t)
+	r := startRedis(t)
+	addLeastPrivilegedUser(t, r, "resetchannels")
+	state := "state redis {\n\taddress " + r.Addr + "\n\tusername " + leastPrivilegedUser + "\n\tpassword " + leastPrivilegedPassword + "\n}"
+	c := startOwnerCluster(t, clusterOptions{State: state, Key: cartKey, Balancer: caddyRoundRobin})
+	res := runPipeline(t, c, "order owner, least-privileged user without channels", clusterN(t, 100))
+	wantNoFailure(t, res)
+	wantNoLostUpdate(t, "order owner, least-privileged user without channels", runCartRace(t, c))
+	if errs := nonZero(c.stateErrors(t)); len(errs) != 0 {
+		t.Errorf("failed state calls: %v", errs)
+	}
+}
