@@ -127,7 +127,7 @@ type seenRequest struct {
 	Header           http.Header
 }
 
-func newUpstream(t *testing.T, answer func(http.ResponseWriter, *http.Request, []byte)) (*upstream, string) {
+func newUpstream(t testing.TB, answer func(http.ResponseWriter, *http.Request, []byte)) (*upstream, string) {
 	u := &upstream{answer: answer, arrived: make(chan seenRequest, 1024)}
 	srv := httptest.NewServer(u)
 	t.Cleanup(srv.Close)
@@ -168,7 +168,7 @@ func (u *upstream) next(t *testing.T) seenRequest {
 }
 
 // post sends a JSON-RPC body in session id ("" for none).
-func post(t *testing.T, url, id, body string) *http.Response {
+func post(t testing.TB, url, id, body string) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
@@ -184,7 +184,7 @@ func post(t *testing.T, url, id, body string) *http.Response {
 }
 
 // loadCaddy runs cfg in this process until the test ends.
-func loadCaddy(t *testing.T, cfg []byte) {
+func loadCaddy(t testing.TB, cfg []byte) {
 	t.Helper()
 	if err := caddy.Load(cfg, true); err != nil {
 		t.Fatalf("loading Caddy config: %v\n%s", err, cfg)

@@ -2,6 +2,7 @@ package caddymodule_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,7 +34,7 @@ type ownerInstances struct {
 	caddyfile   func(redisTimeout string) string
 }
 
-func startOwnerInstances(t *testing.T, upstream string) *ownerInstances {
+func startOwnerInstances(t testing.TB, upstream string) *ownerInstances {
 	t.Helper()
 	redisAddr := redistest.Start(t)
 	adminPort, pa, pb, pf := testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t)
@@ -85,7 +87,7 @@ func startOwnerInstances(t *testing.T, upstream string) *ownerInstances {
 
 // reload loads the instances' config with another Redis timeout through
 // the admin API, as `caddy reload` does: a new Redis client on both.
-func (in *ownerInstances) reload(t *testing.T, redisTimeout string) {
+func (in *ownerInstances) reload(t testing.TB, redisTimeout string) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, in.admin+"/load", strings.NewReader(in.caddyfile(redisTimeout)))
 	req.Header.Set("Content-Type", "text/caddyfile")
@@ -180,7 +182,7 @@ func TestARequestSentToAnotherOwnerIsAnswered421AndNotForwarded(t *testing.T) {
 
 // scrapeMetric reads one series from a site's metrics; 0 if it is not
 // there yet (a counter never incremented).
-func scrapeMetric(t *testing.T, site, series string) float64 {
+func scrapeMetric(t testing.TB, site, series string) float64 {
 	t.Helper()
 	resp, err := http.Get(site + "/metrics")
 	if err != nil {
@@ -259,4 +261,55 @@ func TestAReloadChangingTheRedisConnectionCutsNoForwardedCall(t *testing.T) {
 	if n := scrapeMetric(t, in.b, forwarded) - before; n != 2 {
 		t.Fatalf("b forwarded %v of the session's requests to its owner, want 2", n)
 	}
+}
+
+// BenchmarkOwnerHop is what forwarding adds to a request: the same
+// session's requests sent one at a time to its owner, and to another
+// instance that forwards them there, on loopback, upstream answering at
+// once. cpu-ns/op is the process's CPU time per request (both instances,
+// the upstream and the client are in it).
+func BenchmarkOwnerHop(b *testing.B) {
+	up, addr := newUpstream(b, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(string(body), `"initialize"`) {
+			w.Header().Set("Mcp-Session-Id", "s-bench")
+		}
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}`)
+	})
+	go func() { // the upstream records every request; drop them
+		for range up.arrived {
+		}
+	}()
+	in := startOwnerInstances(b, addr)
+	post(b, in.a, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`).Body.Close()
+	post(b, in.a, "s-bench", `{"jsonrpc":"2.0","method":"notifications/initialized"}`).Body.Close()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	body := []byte(`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+	for _, target := range []struct{ name, url string }{{"at-the-owner", in.a}, {"forwarded", in.b}} {
+		b.Run(target.name, func(b *testing.B) {
+			cpu := processCPU()
+			for b.Loop() {
+				req, _ := http.NewRequest(http.MethodPost, target.url, bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Mcp-Session-Id", "s-bench")
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Fatalf("%s: %s", target.name, resp.Status)
+				}
+			}
+			b.ReportMetric(float64(processCPU()-cpu)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// processCPU is the CPU time this process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
