@@ -76,7 +76,14 @@ func (c *testCaddy) adapt(t *testing.T, site string) []byte {
 // `caddy reload` does.
 func (c *testCaddy) reload(t *testing.T, site string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, c.admin+"/load", strings.NewReader(c.caddyfile(site)))
+	loadThroughAdmin(t, c.admin, c.caddyfile(site))
+}
+
+// loadThroughAdmin replaces the running config with caddyfile through the
+// admin API at admin, as `caddy reload` does.
+func loadThroughAdmin(t testing.TB, admin, caddyfile string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, admin+"/load", strings.NewReader(caddyfile))
 	req.Header.Set("Content-Type", "text/caddyfile")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -89,17 +89,7 @@ func startOwnerInstances(t testing.TB, upstream string) *ownerInstances {
 // the admin API, as `caddy reload` does: a new Redis client on both.
 func (in *ownerInstances) reload(t testing.TB, redisTimeout string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, in.admin+"/load", strings.NewReader(in.caddyfile(redisTimeout)))
-	req.Header.Set("Content-Type", "text/caddyfile")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("reload: %v", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(resp.Body)
-		t.Fatalf("reload: %s: %s", resp.Status, body)
-	}
+	loadThroughAdmin(t, in.admin, in.caddyfile(redisTimeout))
 }
 
 // Pipelined connects behind round robin land each request on either

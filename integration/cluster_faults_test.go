@@ -180,19 +180,7 @@ func TestClusterRestartedInstanceKeepsSessionGated(t *testing.T) {
 			b.start(t)
 			t.Logf("%s restarted after the session was created on %s", b.Name, a.Name)
 
-			type reply struct {
-				status int
-				body   []byte
-				at     time.Time
-			}
-			setLevel := make(chan reply, 1)
-			go func() {
-				r, data, err := postNoFatal(client, b.URL+"/mcp", session, `{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"debug"}}`)
-				if err != nil {
-					data = []byte(err.Error())
-				}
-				setLevel <- reply{status: r, body: data, at: time.Now()}
-			}()
+			setLevel := setLevelAsync(client, b.URL+"/mcp", session)
 			// Give setLevel the lead it has in a pipelined connect.
 			time.Sleep(500 * time.Millisecond)
 			initializedAt := time.Now()
@@ -200,7 +188,7 @@ func TestClusterRestartedInstanceKeepsSessionGated(t *testing.T) {
 			if resp.StatusCode != http.StatusAccepted {
 				t.Fatalf("notifications/initialized on %s: status %d, body %s", b.Name, resp.StatusCode, body)
 			}
-			var got reply
+			var got timedReply
 			select {
 			case got = <-setLevel:
 			case <-time.After(40 * time.Second):
@@ -225,6 +213,27 @@ func TestClusterRestartedInstanceKeepsSessionGated(t *testing.T) {
 			}
 		})
 	}
+}
+
+// timedReply is an answer and when it came.
+type timedReply struct {
+	status int
+	body   []byte
+	at     time.Time
+}
+
+// setLevelAsync sends logging/setLevel in session from its own goroutine;
+// a failure to send comes as its body.
+func setLevelAsync(client *http.Client, url, session string) <-chan timedReply {
+	ch := make(chan timedReply, 1)
+	go func() {
+		status, body, err := postNoFatal(client, url, session, `{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"debug"}}`)
+		if err != nil {
+			body = []byte(err.Error())
+		}
+		ch <- timedReply{status: status, body: body, at: time.Now()}
+	}()
+	return ch
 }
 
 // postNoFatal sends one JSON-RPC POST from any goroutine.

@@ -169,22 +169,10 @@ func TestClusterOwnerSessionsOfAKilledInstanceAreTakenOverStillGated(t *testing.
 	b.kill(t)
 	t.Logf("killed %s, the owner of three sessions, one still initializing", b.Name)
 
-	type reply struct {
-		status int
-		body   []byte
-		at     time.Time
-	}
-	setLevel := make(chan reply, 1)
-	go func() {
-		status, body, err := postNoFatal(client, a.URL+"/mcp", gated, `{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"debug"}}`)
-		if err != nil {
-			body = []byte(err.Error())
-		}
-		setLevel <- reply{status, body, time.Now()}
-	}()
+	setLevel := setLevelAsync(client, a.URL+"/mcp", gated)
 	time.Sleep(500 * time.Millisecond)
 	initializedAt := initialized(t, cc, gated)
-	var got reply
+	var got timedReply
 	select {
 	case got = <-setLevel:
 	case <-time.After(40 * time.Second):
