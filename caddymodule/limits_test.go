@@ -18,9 +18,11 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/redisstate"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 	"github.com/mcpserializer/caddy-mcp-serializer/storagestate"
 )
 
@@ -442,7 +444,7 @@ func TestValidateRefusesEachBadSettingByName(t *testing.T) {
 		{handler(func(h *Handler) { h.GetStream = "open" }), "get_stream"},
 		{handler(func(h *Handler) { h.Order = "global" }), "order"},
 		{handler(func(h *Handler) { h.Order = orderCluster }), "order cluster needs shared state"},
-		{handler(func(h *Handler) { h.Order, h.engine = orderCluster, &storagestate.Engine{} }), "the storage state engine cannot order"},
+		{handler(func(h *Handler) { h.Order, h.engine = orderOwner, &storagestate.Engine{} }), "order owner needs shared state that records session owners"},
 		{&redisstate.Engine{Sentinel: []string{"a:1"}, Address: []string{"b:1"}, MasterName: "m"}, "sentinel and address"},
 		{&redisstate.Engine{Sentinel: []string{"a:1"}}, "master_name"},
 		{&redisstate.Engine{Cluster: true}, "cluster needs address"},
@@ -458,5 +460,33 @@ func TestValidateRefusesEachBadSettingByName(t *testing.T) {
 	}
 	if err := handler(func(*Handler) {}).Validate(); err != nil {
 		t.Errorf("the defaults: Validate() = %v", err)
+	}
+}
+
+// With state redis, order defaults to owner; order cluster, written for an
+// earlier release, keeps loading and runs as owner, with a WARN saying
+// what to write instead.
+func TestOrderDefaultsToOwnerAndClusterRunsAsOwnerWithAWarning(t *testing.T) {
+	for _, tc := range []struct {
+		order  string
+		engine stateengine.Engine
+		want   string
+		warns  int
+	}{
+		{"", nil, orderLocal, 0},
+		{"", &storagestate.Engine{}, orderLocal, 0},
+		{"", &redisstate.Engine{}, orderOwner, 0},
+		{orderLocal, &redisstate.Engine{}, orderLocal, 0},
+		{orderCluster, &redisstate.Engine{}, orderOwner, 1},
+	} {
+		core, logs := observer.New(zap.WarnLevel)
+		h := &Handler{Order: tc.order, engine: tc.engine, logger: zap.New(core)}
+		h.defaultOrder()
+		if h.Order != tc.want || logs.Len() != tc.warns {
+			t.Errorf("order %q, engine %T: runs as %q with %d WARN lines, want %q with %d", tc.order, tc.engine, h.Order, logs.Len(), tc.want, tc.warns)
+		}
+		if tc.warns > 0 && !strings.Contains(logs.All()[0].Message, "write `order owner`") {
+			t.Errorf("the WARN does not say what to write: %s", logs.All()[0].Message)
+		}
 	}
 }

@@ -84,11 +84,12 @@ type Handler struct {
 	// namespace (redis, storage). Default: none; sessions are known to
 	// this instance only.
 	StateRaw json.RawMessage `json:"state,omitempty" caddy:"namespace=http.handlers.mcp_serializer.state inline_key=module"`
-	// Where a session's order is kept: local (on each instance: one
-	// instance, or a front that sends all of a session's requests to one)
-	// or cluster (across instances, on the state engine: any front, round
-	// robin included; needs state redis). Default: cluster with state
-	// redis, else local.
+	// Where a session's order is kept: owner (every request of a session
+	// is served by the instance that created it, the others forward it
+	// there: any front, round robin included; needs state redis) or local
+	// (on each instance: one instance, or a front that sends all of a
+	// session's requests to one). cluster runs as owner. Default: owner
+	// with state redis, else local.
 	Order string `json:"order,omitempty"`
 	// With order owner: host:port where the other instances reach this
 	// one, recorded as the owner of the sessions it creates; placeholders
@@ -152,14 +153,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.engine = engine
 	}
-	if h.Order == "" {
-		// Safe behind any front, and free behind one that keeps a session
-		// on one instance: the turn stays where its requests go.
-		h.Order = orderLocal
-		if h.engine != nil && h.engine.Abilities().Turns != nil {
-			h.Order = orderCluster
-		}
-	}
+	h.defaultOrder()
 	// Checked before the handler touches a shared table, so that a refused
 	// config creates or changes none; Caddy runs Validate again after.
 	if err := h.Validate(); err != nil {
@@ -175,12 +169,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	cfg.Events = newEvents(h.logger)
 	if h.engine != nil {
 		shared := stateengine.NewAdapter(h.engine, cfg.SessionTTL, h.logger, metrics.stateErrors)
-		if h.Order == orderCluster {
-			stateengine.NewCluster(shared, h.engine.Abilities().Turns).Configure(&cfg)
-		} else {
-			shared.Configure(&cfg)
-		}
+		shared.Configure(&cfg)
 		if h.Order == orderOwner {
+			cfg.GateReadAfter = ownerGateReadAfter
 			h.ownerStore = shared
 			forwarder, err := newForwarder(ctx)
 			if err != nil {
@@ -209,6 +200,26 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.applied.provisioned(h.generation, cfg)
 	return nil
+}
+
+// defaultOrder fills in order: owner where the state engine can record
+// owners (safe behind any front, and free behind one that keeps a session
+// on one instance), else local. order cluster, whose turns moved between
+// instances with leases, runs as owner: configs written for it keep
+// loading, with a WARN.
+func (h *Handler) defaultOrder() {
+	canOwn := h.engine != nil && h.engine.Abilities().TakeOver != nil && h.engine.Abilities().ClaimOwner != nil
+	switch {
+	case h.Order == orderCluster && canOwn:
+		h.logger.Warn("order cluster is replaced by order owner and runs as it: each session's requests are forwarded to the instance that created it; " +
+			"write `order owner`, or leave order out (owner is the default with state redis)")
+		h.Order = orderOwner
+	case h.Order != "":
+	case canOwn:
+		h.Order = orderOwner
+	default:
+		h.Order = orderLocal
+	}
 }
 
 // provisions numbers handler provisions: a later config's settings
@@ -341,12 +352,10 @@ func (h *Handler) Validate() error {
 	}
 	switch h.Order {
 	case orderLocal:
-	case orderCluster:
-		return h.validateClusterOrder()
-	case orderOwner:
+	case orderOwner, orderCluster:
 		return h.validateOwnerOrder()
 	default:
-		return fmt.Errorf("order: unknown value %q (want local, cluster or owner)", h.Order)
+		return fmt.Errorf("order: unknown value %q (want owner or local)", h.Order)
 	}
 	return nil
 }
@@ -355,7 +364,7 @@ func (h *Handler) Validate() error {
 // over owners, and reads advertise.
 func (h *Handler) validateOwnerOrder() error {
 	if h.engine == nil || h.engine.Abilities().TakeOver == nil || h.engine.Abilities().ClaimOwner == nil {
-		return fmt.Errorf("order owner needs shared state that records session owners (state redis)")
+		return fmt.Errorf("order %s needs shared state that records session owners (state redis)", h.Order)
 	}
 	if h.Advertise == "" {
 		return nil
@@ -364,28 +373,6 @@ func (h *Handler) validateOwnerOrder() error {
 	host, port, err := net.SplitHostPort(h.advertise)
 	if err != nil || host == "" || port == "" {
 		return fmt.Errorf("advertise: want host:port where the other instances reach this one, got %q", h.advertise)
-	}
-	return nil
-}
-
-// validateClusterOrder checks that the state engine can keep a session's
-// turn across instances, and answers in time to renew it.
-func (h *Handler) validateClusterOrder() error {
-	if h.engine == nil {
-		return fmt.Errorf("order cluster needs shared state (state redis): the instances keep each session's turn there")
-	}
-	if h.engine.Abilities().Turns == nil {
-		name := "this"
-		if m, ok := h.engine.(caddy.Module); ok {
-			name = m.CaddyModule().ID.Name()
-		}
-		return fmt.Errorf("order cluster: the %s state engine cannot order requests across instances; "+
-			"use state redis, or a front that sends each session to one instance (a hash of Mcp-Session-Id) with order local", name)
-	}
-	if timeout := h.engine.CallTimeout(); timeout > serializer.MaxTurnStoreTimeout {
-		return fmt.Errorf("state: timeout must be at most %s with order cluster (the default with state redis), got %s: "+
-			"the instance holding a session's turn must be able to renew its %s lease twice before it stops the exchange",
-			serializer.MaxTurnStoreTimeout, timeout, serializer.TurnLease)
 	}
 	return nil
 }

@@ -10,15 +10,15 @@ import (
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
-func TestOrderClusterIsRefusedWhereItCannotWork(t *testing.T) {
+func TestOrderOwnerIsRefusedWhereItCannotWork(t *testing.T) {
 	for _, tc := range []struct{ state, want string }{
-		{"state storage\n\t\torder cluster", "order cluster: the storage state engine cannot order requests across instances"},
-		{"order cluster", "order cluster needs shared state (state redis)"},
-		{"state redis\n\t\torder everywhere", `order: unknown value "everywhere" (want local, cluster or owner)`},
+		{"state storage\n\t\torder cluster", "order cluster needs shared state that records session owners (state redis)"},
+		{"order cluster", "order cluster needs shared state that records session owners (state redis)"},
+		{"state redis\n\t\torder everywhere", `order: unknown value "everywhere" (want owner or local)`},
 		{"state storage\n\t\torder owner", "order owner needs shared state that records session owners (state redis)"},
 		{"order owner", "order owner needs shared state that records session owners (state redis)"},
 		{"state redis\n\t\torder owner\n\t\tadvertise 10.0.0.5", "advertise: want host:port"},
-		{"state redis\n\t\tadvertise 10.0.0.5:8080", "advertise is for order owner only"},
+		{"state redis\n\t\torder local\n\t\tadvertise 10.0.0.5:8080", "advertise is for order owner only"},
 	} {
 		caddyfile := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\nhttp://127.0.0.1:%d {\n\tmcp_serializer {\n\t\t%s\n\t}\n\trespond ok\n}\n",
 			testnet.FreePort(t), tc.state)
