@@ -67,6 +67,12 @@ func newForwarder(ctx caddy.Context) (*reverseproxy.Handler, error) {
 	return proxy, nil
 }
 
+// ownerGateReadAfter is how long an owner's gate holds a request before it
+// reads the session's record: while Redis was down, another instance may
+// have served the session's notifications/initialized, not knowing the
+// owner. Normally that message is forwarded here within milliseconds.
+const ownerGateReadAfter = 500 * time.Millisecond
+
 // ownerWarns spaces the WARN lines about owners that do not answer.
 var ownerWarns warnlimit.Limiter
 

@@ -72,6 +72,12 @@ type Config struct {
 	// Turns orders each session's requests across instances (turn.go);
 	// nil keeps the order on this instance only.
 	Turns TurnStore
+	// GateReadAfter, when positive, makes a gate that has held a request
+	// this long read its session's record, again every GateReadAfter or
+	// so, until the record says open (remote.go): the session's
+	// notifications/initialized may have been served by an instance that
+	// could not learn the session's owner while the Store was down.
+	GateReadAfter time.Duration
 }
 
 // Defaults returns the documented default limits.

@@ -186,14 +186,14 @@ func (s *Session) nextRemoteChange() <-chan struct{} {
 }
 
 // watchGateIfHeld starts watching the record of s while a request is held
-// at its gate, if no watch runs yet, with cluster turns only: the front
-// spreads a session's requests, so its gate may open on another instance.
-// Behind a front that keeps a session on one instance, the
+// at its gate, if no watch runs yet, with cluster turns or GateReadAfter:
+// the front spreads a session's requests, so its gate may open on another
+// instance. Behind a front that keeps a session on one instance, the
 // notifications/initialized that opens the gate comes here, and no read
 // is needed. Caller holds s.mu.
 func (s *Session) watchGateIfHeld() {
 	cfg := s.table.config()
-	if cfg.Turns == nil || cfg.Store == nil || s.gate != gateInitializing || s.lookingUp || s.gone || s.gateWatched {
+	if (cfg.Turns == nil && cfg.GateReadAfter <= 0) || cfg.Store == nil || s.gate != gateInitializing || s.lookingUp || s.gone || s.gateWatched {
 		return
 	}
 	s.gateWatched = true
@@ -202,12 +202,22 @@ func (s *Session) watchGateIfHeld() {
 
 // watchGate reads s's record until it says open or is missing (the gate
 // then opens here too) or nothing is held at the gate any more: the gate opened or
-// timed out here, or no request holds the session. The first read is at
-// once: the record may have opened before the watch began.
+// timed out here, or no request holds the session. With cluster turns the
+// first read is at once (the record may have opened before the watch
+// began) and announcements end each pause; with GateReadAfter alone, a
+// gate whose notifications/initialized usually comes here, the reads
+// begin after GateReadAfter and come as often, so that a gate held for a
+// slow client costs a few reads, not a stream of them.
 func (s *Session) watchGate(store Store) {
 	t := s.table
 	defer t.awaitRemote(s)()
-	backoff := remoteFirstBackoff
+	backoff, most := remoteFirstBackoff, remoteMaxBackoff
+	if cfg := t.config(); cfg.Turns == nil {
+		backoff, most = cfg.GateReadAfter, cfg.GateReadAfter
+		if !t.pause(nil, nil, backoff) {
+			return
+		}
+	}
 	for {
 		s.mu.Lock()
 		changed := s.remoteChange()
@@ -231,6 +241,6 @@ func (s *Session) watchGate(store Store) {
 		if !t.pause(changed, nil, backoff) {
 			return
 		}
-		backoff = min(2*backoff, remoteMaxBackoff)
+		backoff = min(2*backoff, most)
 	}
 }

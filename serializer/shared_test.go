@@ -802,3 +802,45 @@ func TestFailingWriteIsTriedForAsLongAsInitTimeout(t *testing.T) {
 		t.Fatalf("%d attempts, want %d", n, want)
 	}
 }
+
+// With GateReadAfter (order owner), a gate held that long reads its
+// session's record, and opens when another instance served the session's
+// notifications/initialized (it could not learn the owner while the Store
+// was down); before that, a held request costs no read.
+func TestAGateHeldPastGateReadAfterOpensWhenTheRecordSaysOpen(t *testing.T) {
+	const readAfter = 500 * time.Millisecond
+	store := newFakeStore()
+	tabs, clock := newInstances(t, 2, store, func(c *Config) { c.GateReadAfter = readAfter })
+	owner, other := tabs[0], tabs[1]
+	initialize, _ := owner.Begin("s", nil)
+	initialize.Done(200)
+	eventually(t, func() bool { rec, _ := store.record("s"); return !rec.InitializeInFlight })
+	toolsList := acquireAsync(t, owner, bg, "s", 0)
+	mustWait(t, toolsList)
+	mustGet(t, acquireAsync(t, other, bg, "s", CarriesInitialized)).turn.Done(202)
+	eventually(t, func() bool { rec, _ := store.record("s"); return rec.Open })
+
+	lookups := store.count("Lookup")
+	clock.Advance(readAfter - time.Millisecond)
+	mustWait(t, toolsList)
+	if n := store.count("Lookup"); n != lookups {
+		t.Fatalf("%d reads of the record before GateReadAfter, want none", n-lookups)
+	}
+	var r result
+	for step := 0; ; step++ {
+		clock.Advance(readAfter / 5)
+		select {
+		case r = <-toolsList:
+		case <-time.After(20 * time.Millisecond):
+			if step < 50 {
+				continue
+			}
+			t.Fatal("the held request stayed held after the record opened")
+		}
+		break
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.turn.Done(200)
+}
