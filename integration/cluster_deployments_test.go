@@ -13,7 +13,7 @@ import (
 )
 
 // Behind round robin, the instances reaching Redis through three Sentinels
-// (`state redis { sentinel … master_name … }`, and so order cluster) and
+// (`state redis { sentinel … master_name … }`, and so order owner) and
 // keyed on the v2 client's cart handle: while pipelined connects and
 // handle races (parallel calls on one cart) run, the master is killed and
 // the Sentinels promote its replica. No request waits past its bound,
@@ -89,7 +89,7 @@ func TestClusterRoundRobinSentinelFailoverMidRun(t *testing.T) {
 // A three-master Redis Cluster given as one address with `cluster` (a
 // managed service's configuration endpoint), behind round robin: no
 // failure, no failed state call, parallel calls on one cart handle lose no
-// update, and the sessions' turns spread over the masters. The instances
+// update, and the sessions' records spread over the masters. The instances
 // log in as a user with the documented least-privilege rule and what it
 // says a cluster adds.
 func TestClusterRoundRobinOnARedisClusterBehindOneAddress(t *testing.T) {
@@ -109,8 +109,8 @@ func TestClusterRoundRobinOnARedisClusterBehindOneAddress(t *testing.T) {
 		t.Fatalf("failed state calls: %v", errs)
 	}
 	for _, r := range nodes {
-		if n := r.keys(t); n == 0 {
-			t.Errorf("master %s holds no key: the client did not spread over the cluster", r.Addr)
+		if n := redisCommands(t, r); n == 0 {
+			t.Errorf("master %s was sent no command: the client did not spread the records over the cluster", r.Addr)
 		}
 	}
 }

@@ -33,13 +33,13 @@ const faultConnectBound = clusterInitTimeout + serializer.TurnLease + 3*serializ
 const roundRobinFaultsN = 300
 
 // startRoundRobinCluster starts three instances with `state redis` on r
-// (and so `order cluster`) behind a Caddy front with lb_policy round_robin, which
+// (and so `order owner`) behind a Caddy front with lb_policy round_robin, which
 // leaves a dead instance out as the hashing front of
 // TestClusterInstanceKilledMidRun does.
 func startRoundRobinCluster(t *testing.T, r *redisServer) *cluster {
 	t.Helper()
 	requireModule(t, redisStateModule)
-	requireOrderCluster(t)
+	requireOrderOwner(t)
 	return startCluster(t, clusterOptions{State: redisState(r), Balancer: caddyRoundRobin, Front: deadInstanceFront})
 }
 
@@ -136,12 +136,13 @@ type crossedReplies bool
 
 const (
 	crossedRepliesFail crossedReplies = false
-	// While Redis cannot be reached, order cluster lets a request go with
-	// its instance's order alone (serializer/turn.go, "The engine
-	// failing"): behind round robin two requests of one session then run
-	// upstream at once on two instances, and PHP's session race can hand
-	// one's reply to the other. Counted and logged, not failed, for as long
-	// as the module degrades that way; wantOnlyClearErrors otherwise holds.
+	// While Redis cannot be reached, a session created then has no
+	// recorded owner, and one whose owner an instance has not learned yet
+	// is served where its requests arrive, in that instance's order:
+	// behind round robin two requests of one session then run upstream at
+	// once on two instances, and PHP's session race can hand one's reply
+	// to the other. Counted and logged, not failed (the documented
+	// exception); wantOnlyClearErrors otherwise holds.
 	crossedRepliesLogged crossedReplies = true
 )
 

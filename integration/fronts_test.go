@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -34,14 +33,15 @@ type frontRun struct {
 // Mcp-Session-Id or round robin: the SDK client's pipelined connects see no
 // failure and none waits out init_timeout, and a tool's progress events
 // stream through the front ahead of its result. Every front runs the
-// instances with the default `order` (cluster, with state redis), and one
-// round-robin front also with `order cluster` written out. Each front's
+// instances with the default `order` (owner, with state redis), and one
+// round-robin front also with `order cluster` written out (a config of an
+// earlier release, which runs as owner). Each front's
 // elapsed time is logged beside the run behind the hashing Caddy front,
 // which runs first.
 func TestClusterBehindEachFront(t *testing.T) {
 	prerequisites(t)
 	requireModule(t, redisStateModule)
-	requireOrderCluster(t)
+	requireOrderOwner(t)
 	n := clusterN(t, frontsN)
 	hashing := runBehindFront(t, clusterOptions{Balancer: caddyHeaderHash}, n, nil)
 	for _, opts := range []clusterOptions{
@@ -101,31 +101,6 @@ func runBehindFront(t *testing.T, opts clusterOptions, n int, base *frontRun) fr
 	return run
 }
 
-// Redis 7 and Valkey give a new ACL user no channel (acl-pubsub-default
-// resetchannels), so the instances can neither announce nor hear a turn's
-// hand-on. Behind round robin they still serve every session by reading
-// the turn's line: no failure, no connect held until init_timeout, and
-// one WARN per instance naming the ACL line to grant.
-func TestClusterBehindRoundRobinWithAnACLUserWithoutChannels(t *testing.T) {
-	prerequisites(t)
-	requireModule(t, redisStateModule)
-	r := startRedis(t)
-	if reply, err := redisCommand(r.Addr, "ACL", "SETUSER", "mcp", "on", ">secret", "resetchannels", "~mcp_serializer:*", "+@all"); err != nil || reply != "OK" {
-		t.Fatalf("ACL SETUSER: %q, %v", reply, err)
-	}
-	state := "state redis {\n\taddress " + r.Addr + "\n\tusername mcp\n\tpassword secret\n}"
-	run := runBehindFront(t, clusterOptions{Balancer: caddyRoundRobin, State: state}, clusterN(t, 200), nil)
-	for _, in := range run.Cluster.Instances {
-		log, err := os.ReadFile(in.log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n := strings.Count(string(log), "refuses this user the announcement channel"); n != 1 {
-			t.Errorf("%s logged the refused channel %d times, want once", in.Name, n)
-		}
-	}
-}
-
 // stallMark is how long a connect lasts when one of its follow-ups was held
 // until init_timeout, the gate's deadline; a connect takes well under a
 // second otherwise.
@@ -174,18 +149,18 @@ func wantStreamedProgress(t *testing.T, url string) {
 	}
 }
 
-// requireOrderCluster fails the test when the Caddy binary does not know
-// mcp_serializer's `order cluster`, which a round-robin front needs.
-func requireOrderCluster(t *testing.T) {
+// requireOrderOwner fails the test when the Caddy binary does not know
+// mcp_serializer's `order owner` (the default with state redis).
+func requireOrderOwner(t *testing.T) {
 	t.Helper()
 	conf := filepath.Join(t.TempDir(), "Caddyfile")
-	caddyfile := "http://127.0.0.1:9 {\n\tmcp_serializer {\n\t\torder cluster\n\t\tstate redis {\n\t\t\taddress 127.0.0.1:9\n\t\t}\n\t}\n\trespond ok\n}\n"
+	caddyfile := "http://127.0.0.1:9 {\n\tmcp_serializer {\n\t\torder owner\n\t\tadvertise 127.0.0.1:9\n\t\tstate redis {\n\t\t\taddress 127.0.0.1:9\n\t\t}\n\t}\n\trespond ok\n}\n"
 	if err := os.WriteFile(conf, []byte(caddyfile), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out, err := exec.Command(caddyBinary(t), "adapt", "--config", conf, "--adapter", "caddyfile").CombinedOutput()
 	if err != nil {
-		t.Fatalf("the Caddy binary %s refuses mcp_serializer's `order cluster` (rebuild it with `make caddy`): %v\n%s", caddyBinary(t), err, out)
+		t.Fatalf("the Caddy binary %s refuses mcp_serializer's `order owner` (rebuild it with `make caddy`): %v\n%s", caddyBinary(t), err, out)
 	}
 }
 
