@@ -193,6 +193,15 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	ew.turn = turn
 	// Deferred so that a panic downstream still frees the slot.
 	defer func() { ew.turn.Done(ew.status) }()
+	if h.owners != nil {
+		if !h.owners.AwaitPrevious(r.Context(), h.ownerStore, info.sessionID, time.Now().Add(h.settings.QueueTimeout-turn.Waited())) {
+			ew.status = http.StatusServiceUnavailable
+			w.Header().Set("Retry-After", "1")
+			return h.reject(w, r, "previous_owner", http.StatusServiceUnavailable, codeServerError,
+				"this MCP session's previous instance is still running its last request at the MCP server; retry", reqID)
+		}
+		defer h.owners.ExchangeBegan(h.ownerStore, info.sessionID)()
+	}
 	if turn.Clustered() {
 		// Stopped upstream if the cluster turn may lapse before it ends:
 		// another instance may then start the session's next exchange.

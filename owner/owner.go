@@ -69,6 +69,25 @@ type Claimer interface {
 	Claim(ctx context.Context, id, me string) (owner string, err error)
 }
 
+// RunningStore marks a session's record while its owner's exchange runs
+// long, so that an instance taking the session over waits for it: a
+// PHP-FPM worker finishes its script even after its client is gone.
+type RunningStore interface {
+	// MarkRunning records that me's exchange of session id runs for life
+	// more, or clears me's mark when life is 0.
+	MarkRunning(ctx context.Context, id, me string, life time.Duration) error
+	// RunningFor reads how long the mark says an exchange still runs.
+	RunningFor(ctx context.Context, id string) (time.Duration, error)
+}
+
+// How an owner marks its long exchanges: from markAfter into an
+// exchange, for markLife at a time, renewed every markLife/3. A mark
+// that is not renewed (its instance died) lapses within markLife.
+const (
+	markAfter = time.Second
+	markLife  = 5 * time.Second
+)
+
 // Directory is one instance's view of who owns which session: asked of
 // the Store the first time the instance meets a session, then kept, so
 // a front that keeps a session on one instance costs no engine call.
@@ -80,6 +99,8 @@ type Directory struct {
 	now      func() time.Time
 
 	takeovers atomic.Int64
+	// How this instance marks its long exchanges (markAfter, markLife).
+	markAfter, markLife time.Duration
 
 	mu       sync.Mutex
 	known    map[string]known       // by session id
@@ -100,6 +121,9 @@ type lookupCall struct {
 type known struct {
 	owner   Owner
 	learned time.Time
+	// tookOver: this instance took the session over and has not yet seen
+	// the previous owner's running mark gone (AwaitPrevious).
+	tookOver bool
 }
 
 // maxDown bounds the owners remembered as unreachable.
@@ -115,6 +139,7 @@ func NewDirectory(self string, maxKnown int, ttl, downFor time.Duration, now fun
 	}
 	return &Directory{
 		self: self, maxKnown: max(maxKnown, 1), ttl: ttl, downFor: downFor, now: now,
+		markAfter: markAfter, markLife: markLife,
 		known: map[string]known{}, down: map[string]time.Time{}, learning: map[string]*lookupCall{},
 	}
 }
@@ -239,6 +264,12 @@ func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner
 	d.remember(id, o)
 	if o == me {
 		d.takeovers.Add(1)
+		d.mu.Lock()
+		if k, ok := d.known[id]; ok {
+			k.tookOver = true
+			d.known[id] = k
+		}
+		d.mu.Unlock()
 	}
 	if o.ID == d.self || d.isDown(o) {
 		return o, false
@@ -255,6 +286,87 @@ func (d *Directory) Serves(id, ownerID string) bool {
 	}
 	o, ok := d.lookup(id)
 	return !ok || o.ID == d.self
+}
+
+// ExchangeBegan is told that an exchange of session id begins here; the
+// returned function, that it ended. If this instance owns the session and
+// the exchange runs past markAfter, the session's record is marked as
+// running until it ends, so that an instance taking the session over
+// meanwhile waits for it (AwaitPrevious). A short exchange costs a timer,
+// and nothing ever waits for the marks to be written.
+func (d *Directory) ExchangeBegan(s RunningStore, id string) (ended func()) {
+	k, ok := d.entry(id)
+	if !ok || k.owner.ID != d.self {
+		return func() {}
+	}
+	me := k.owner.String()
+	mark := func(life time.Duration) {
+		ctx, cancel := context.WithTimeout(context.Background(), d.markLife/3)
+		defer cancel()
+		_ = s.MarkRunning(ctx, id, me, life) // a mark not made lapses within markLife
+	}
+	stop := make(chan struct{})
+	timer := time.AfterFunc(d.markAfter, func() {
+		for {
+			mark(d.markLife)
+			select {
+			case <-stop:
+				mark(0)
+				return
+			case <-time.After(d.markLife / 3):
+			}
+		}
+	})
+	return func() {
+		close(stop)
+		timer.Stop()
+	}
+}
+
+// AwaitPrevious holds the first exchange of a session this instance took
+// over while its record says the previous owner's exchange still runs,
+// until the mark is gone or lapses, deadline passes (false: the exchange
+// may still run), or ctx ends (false). Other sessions, and this one once
+// the mark is gone, cost nothing. A Store that does not answer is not
+// waited for.
+func (d *Directory) AwaitPrevious(ctx context.Context, s RunningStore, id string, deadline time.Time) bool {
+	for {
+		k, ok := d.entry(id)
+		if !ok || !k.tookOver || k.owner.ID != d.self {
+			return true
+		}
+		left, err := s.RunningFor(ctx, id)
+		if ctx.Err() != nil {
+			return false
+		}
+		if err != nil || left <= 0 {
+			d.previousEnded(id)
+			return true
+		}
+		wait := min(left, awaitPoll)
+		if !d.now().Add(wait).Before(deadline) {
+			return false
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// awaitPoll is how often AwaitPrevious reads the mark: the previous
+// owner clears it when its exchange ends.
+const awaitPoll = 500 * time.Millisecond
+
+// previousEnded records that the previous owner's exchange of id is over.
+func (d *Directory) previousEnded(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if k, ok := d.known[id]; ok {
+		k.tookOver = false
+		d.known[id] = k
+	}
 }
 
 // Forget drops what is known of session id (it ended).

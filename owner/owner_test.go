@@ -337,3 +337,155 @@ func TestAKeyWhoseOwnerDoesNotAnswerIsTakenOver(t *testing.T) {
 		t.Fatalf("recorded %q", s.owners["key k"])
 	}
 }
+
+var bg = context.Background()
+
+// runningStore keeps running marks in memory, as the state engine does:
+// by session, with who made each and until when.
+type runningStore struct {
+	*memStore
+	mu     sync.Mutex
+	marks  map[string]string    // session id → the instance that marked it
+	until  map[string]time.Time // session id → when the mark lapses
+	fail   error
+	reads  atomic.Int64
+	marked chan string // every mark and clear, as "mark id" or "clear id"
+}
+
+func newRunningStore() *runningStore {
+	return &runningStore{memStore: newMemStore(), marks: map[string]string{}, until: map[string]time.Time{}, marked: make(chan string, 100)}
+}
+
+func (r *runningStore) MarkRunning(_ context.Context, id, me string, life time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return r.fail
+	}
+	if life == 0 {
+		if r.marks[id] == me {
+			delete(r.marks, id)
+			delete(r.until, id)
+		}
+		r.marked <- "clear " + id
+		return nil
+	}
+	r.marks[id], r.until[id] = me, time.Now().Add(life)
+	r.marked <- "mark " + id
+	return nil
+}
+
+func (r *runningStore) RunningFor(_ context.Context, id string) (time.Duration, error) {
+	r.reads.Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return 0, r.fail
+	}
+	return max(time.Until(r.until[id]), 0), nil
+}
+
+func nextMark(t *testing.T, r *runningStore) string {
+	t.Helper()
+	select {
+	case m := <-r.marked:
+		return m
+	case <-time.After(5 * time.Second):
+		t.Fatal("no mark or clear within 5s")
+		return ""
+	}
+}
+
+// An owner's exchange that runs past markAfter marks the session's record
+// until it ends, renewing the mark, and clears it at its end; a short one
+// writes nothing, and neither does an exchange of a session owned
+// elsewhere.
+func TestAnOwnersLongExchangeMarksTheRecordUntilItEnds(t *testing.T) {
+	store := newRunningStore()
+	d := NewDirectory(ownerA.ID, 100, time.Hour, time.Minute, nil)
+	d.markAfter, d.markLife = 10*time.Millisecond, 60*time.Millisecond
+	d.Created("s", ownerA.Addr)
+
+	ended := d.ExchangeBegan(store, "s")
+	for range 3 { // the first mark and two renewals
+		if m := nextMark(t, store); m != "mark s" {
+			t.Fatalf("got %q, want a mark", m)
+		}
+	}
+	ended()
+	if m := nextMark(t, store); m != "clear s" {
+		t.Fatalf("got %q at the exchange's end, want the mark cleared", m)
+	}
+	if left, _ := store.RunningFor(bg, "s"); left != 0 {
+		t.Fatalf("the mark outlived its exchange by %v", left)
+	}
+
+	d.ExchangeBegan(store, "s")() // over before markAfter
+	store.memStore.owners["elsewhere"] = ownerB.String()
+	if o, forward := d.Route(bg, store, "elsewhere", ownerA.Addr); !forward || o != ownerB {
+		t.Fatalf("Route = %v, %v", o, forward)
+	}
+	defer d.ExchangeBegan(store, "elsewhere")()
+	time.Sleep(5 * d.markAfter)
+	select {
+	case m := <-store.marked:
+		t.Fatalf("%q for a short exchange or a session owned elsewhere", m)
+	default:
+	}
+}
+
+// An instance that took a session over holds its first exchange while the
+// record says the previous owner's exchange still runs, and sends it once
+// the mark is cleared; later exchanges read nothing.
+func TestATakenOverSessionWaitsForThePreviousOwnersExchange(t *testing.T) {
+	store := newRunningStore()
+	store.memStore.owners["s"] = ownerA.String()
+	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
+	<-store.marked
+	b := NewDirectory(ownerB.ID, 100, time.Hour, time.Minute, nil)
+	if o, forward := b.Unreachable(bg, store, "s", ownerA, ownerB.Addr, true); forward || o != ownerB {
+		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
+	}
+	done := make(chan bool, 1)
+	go func() { done <- b.AwaitPrevious(bg, store, "s", time.Now().Add(time.Hour)) }()
+	for store.reads.Load() < 2 { // it read the mark, and again after a pause
+		select {
+		case <-done:
+			t.Fatal("the first exchange went while the previous owner's was marked as running")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	_ = store.MarkRunning(bg, "s", ownerA.String(), 0)
+	select {
+	case ok := <-done:
+		if !ok {
+			t.Fatal("AwaitPrevious gave up after the mark was cleared")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("still held 5s after the mark was cleared")
+	}
+	reads := store.reads.Load()
+	if !b.AwaitPrevious(bg, store, "s", time.Now()) || store.reads.Load() != reads {
+		t.Fatal("a later exchange read the mark again")
+	}
+}
+
+// The wait for a previous owner's exchange has a bound: at the deadline
+// the request gives up (and is refused by the caller), and a Store that
+// does not answer is not waited for.
+func TestTheWaitForAPreviousOwnerEndsAtItsDeadlineOrWithoutAStore(t *testing.T) {
+	store := newRunningStore()
+	store.memStore.owners["s"] = ownerA.String()
+	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
+	b := NewDirectory(ownerB.ID, 100, time.Hour, time.Minute, nil)
+	b.Unreachable(bg, store, "s", ownerA, ownerB.Addr, true)
+	if b.AwaitPrevious(bg, store, "s", time.Now().Add(50*time.Millisecond)) {
+		t.Fatal("AwaitPrevious went while the mark had an hour left, past its deadline")
+	}
+	store.mu.Lock()
+	store.fail = errors.New("down")
+	store.mu.Unlock()
+	if !b.AwaitPrevious(bg, store, "s", time.Now().Add(time.Hour)) {
+		t.Fatal("AwaitPrevious waited for a Store that does not answer")
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
 // A session's owner is written with its record and read back with it;
@@ -104,5 +105,70 @@ func TestRedisClaimOwnerHasOneWinnerAndOnlyTheOwnerExtendsTheRecord(t *testing.T
 	}
 	if rec, found, err := eng.Lookup(ctx, key); err != nil || !found || rec.Owner != "a 10.0.0.1:8080" {
 		t.Fatalf("Lookup = %+v, %v, %v", rec, found, err)
+	}
+}
+
+// An owner's exchange marks the record while it runs: the mark is read
+// back for as long as it was given, cleared by the instance that made it,
+// kept fresh by the old owner after a takeover (its exchange still runs),
+// refused to anyone else, and never creates a record.
+func TestRedisRunningMarkOutlastsATakeOverAndIsClearedByItsMaker(t *testing.T) {
+	addr := redistest.Start(t)
+	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
+	store := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	const old, next, other = "old 10.0.0.1:8080", "next 10.0.0.2:8080", "other 10.0.0.3:8080"
+	if err := store.CreatedOwned(ctx, "s", time.Now().Add(time.Minute), old); err != nil {
+		t.Fatal(err)
+	}
+	runningFor := func(want string) time.Duration {
+		t.Helper()
+		d, err := store.RunningFor(ctx, "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (d > 0) != (want == "marked") {
+			t.Fatalf("RunningFor = %v, want %s", d, want)
+		}
+		return d
+	}
+	runningFor("none")
+	if err := store.MarkRunning(ctx, "s", old, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d := runningFor("marked"); d > 5*time.Second || d < 4*time.Second {
+		t.Fatalf("RunningFor = %v just after a 5 s mark", d)
+	}
+	if _, _, err := store.TakeOver(ctx, "s", old, next); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.MarkRunning(ctx, "s", old, 5*time.Second); err != nil { // refreshed by its maker
+		t.Fatal(err)
+	}
+	runningFor("marked")
+	if err := store.MarkRunning(ctx, "s", other, 0); err != nil { // not its mark
+		t.Fatal(err)
+	}
+	runningFor("marked")
+	if err := store.MarkRunning(ctx, "s", old, 0); err != nil {
+		t.Fatal(err)
+	}
+	runningFor("none")
+	if err := store.MarkRunning(ctx, "s", other, 5*time.Second); err != nil { // neither owner nor maker
+		t.Fatal(err)
+	}
+	runningFor("none")
+	if err := store.MarkRunning(ctx, "s", next, 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	runningFor("marked")
+	time.Sleep(300 * time.Millisecond) // a mark nobody refreshes lapses on Redis' clock
+	runningFor("none")
+
+	if err := store.MarkRunning(ctx, "missing", old, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := eng.client.Exists(ctx, eng.KeyPrefix+serializer.StoreKey("missing")).Result(); err != nil || n != 0 {
+		t.Fatalf("a mark on a missing record created it (exists %d, %v)", n, err)
 	}
 }

@@ -291,7 +291,8 @@ func (r *Engine) Cleanup() error {
 // Abilities: writes in batches (one pipeline), cluster turns with
 // announcements, and session owners taken over.
 func (r *Engine) Abilities() stateengine.Abilities {
-	return stateengine.Abilities{Batch: r.Writes, Turns: r, TakeOver: r.TakeOver, ClaimOwner: r.ClaimOwner}
+	return stateengine.Abilities{Batch: r.Writes, Turns: r, TakeOver: r.TakeOver, ClaimOwner: r.ClaimOwner,
+		MarkRunning: r.MarkRunning, RunningFor: r.RunningFor}
 }
 
 // CallTimeout bounds each call.
@@ -349,6 +350,49 @@ func (r *Engine) TakeOver(ctx context.Context, key, from, to string) (string, bo
 		return "", false, err
 	}
 	return owner, true, nil
+}
+
+// markRunningScript marks the record KEYS[1] with an exchange of ARGV[1]
+// running for ARGV[2] ms more on Redis' clock, or clears the mark when
+// ARGV[2] is 0, if ARGV[1] owns the record or made the mark; it never
+// creates a record.
+var markRunningScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local owner = redis.call('HGET', KEYS[1], 'owner')
+local by = redis.call('HGET', KEYS[1], 'running_by')
+if owner ~= ARGV[1] and by ~= ARGV[1] then return 0 end
+if ARGV[2] == '0' then
+  if by == ARGV[1] then redis.call('HDEL', KEYS[1], 'running', 'running_by') end
+  return 1
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], 'running', now + tonumber(ARGV[2]), 'running_by', ARGV[1])
+return 1
+`)
+
+// runningForScript answers how many ms the mark of the record KEYS[1]
+// says an exchange still runs, on Redis' clock; 0 for none.
+var runningForScript = redis.NewScript(`
+local until_ms = tonumber(redis.call('HGET', KEYS[1], 'running') or '0')
+if until_ms == nil or until_ms == 0 then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if until_ms <= now then return 0 end
+return until_ms - now
+`)
+
+// MarkRunning marks or clears an exchange of me running on the record at
+// key (stateengine.Abilities.MarkRunning).
+func (r *Engine) MarkRunning(ctx context.Context, key, me string, life time.Duration) error {
+	return markRunningScript.Run(ctx, r.client, []string{r.KeyPrefix + key}, me, life.Milliseconds()).Err()
+}
+
+// RunningFor reads the running mark of the record at key
+// (stateengine.Abilities.RunningFor).
+func (r *Engine) RunningFor(ctx context.Context, key string) (time.Duration, error) {
+	ms, err := runningForScript.Run(ctx, r.client, []string{r.KeyPrefix + key}).Int64()
+	return time.Duration(ms) * time.Millisecond, err
 }
 
 // updateScript applies one update to an existing record, atomically, so

@@ -49,6 +49,8 @@ type Adapter struct {
 	announceOpened bool
 	takeOver       func(ctx context.Context, key, from, to string) (string, bool, error) // Abilities.TakeOver
 	claimOwner     func(ctx context.Context, key, me string, ttl time.Duration) (string, error)
+	markRunning    func(ctx context.Context, key, me string, life time.Duration) error
+	runningFor     func(ctx context.Context, key string) (time.Duration, error)
 
 	errors [NumOps]prometheus.Counter
 	warns  [NumOps]warnlimit.Limiter
@@ -58,17 +60,19 @@ type Adapter struct {
 // failures are counted in errors by op and logged to logger.
 func NewAdapter(engine Engine, ttl time.Duration, logger *zap.Logger, errors *prometheus.CounterVec) *Adapter {
 	s := &Adapter{
-		engine:     engine,
-		ttl:        ttl,
-		timeout:    engine.CallTimeout(),
-		logger:     logger,
-		now:        time.Now,
-		slots:      make(chan struct{}, maxStateCallsInFlight),
-		notFound:   newNotFoundCache(),
-		writes:     writeQueue{wake: make(chan struct{}, maxWriteBatches)},
-		batch:      engine.Abilities().Batch,
-		takeOver:   engine.Abilities().TakeOver,
-		claimOwner: engine.Abilities().ClaimOwner,
+		engine:      engine,
+		ttl:         ttl,
+		timeout:     engine.CallTimeout(),
+		logger:      logger,
+		now:         time.Now,
+		slots:       make(chan struct{}, maxStateCallsInFlight),
+		notFound:    newNotFoundCache(),
+		writes:      writeQueue{wake: make(chan struct{}, maxWriteBatches)},
+		batch:       engine.Abilities().Batch,
+		takeOver:    engine.Abilities().TakeOver,
+		claimOwner:  engine.Abilities().ClaimOwner,
+		markRunning: engine.Abilities().MarkRunning,
+		runningFor:  engine.Abilities().RunningFor,
 	}
 	for op := range NumOps {
 		s.errors[op] = errors.WithLabelValues(op.String())
@@ -185,6 +189,29 @@ func (s *Adapter) Claim(ctx context.Context, id, me string) (string, error) {
 	s.notFound.drop(key)
 	return bounded(s, ctx, OpClaimOwner, id, key, func(ctx context.Context, key string) (string, error) {
 		return s.claimOwner(ctx, key, me, s.ttl)
+	})
+}
+
+// MarkRunning records that me's exchange of session id runs for life
+// more, or clears the mark when life is 0 (owner.RunningStore).
+func (s *Adapter) MarkRunning(ctx context.Context, id, me string, life time.Duration) error {
+	if s.markRunning == nil {
+		return errNoOwners
+	}
+	_, err := bounded(s, ctx, OpMarkRunning, id, serializer.StoreKey(id), func(ctx context.Context, key string) (struct{}, error) {
+		return struct{}{}, s.markRunning(ctx, key, me, life)
+	})
+	return err
+}
+
+// RunningFor reads how long session id's record says an exchange still
+// runs (owner.RunningStore).
+func (s *Adapter) RunningFor(ctx context.Context, id string) (time.Duration, error) {
+	if s.runningFor == nil {
+		return 0, errNoOwners
+	}
+	return bounded(s, ctx, OpRunningFor, id, serializer.StoreKey(id), func(ctx context.Context, key string) (time.Duration, error) {
+		return s.runningFor(ctx, key)
 	})
 }
 

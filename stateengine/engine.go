@@ -77,6 +77,15 @@ type Abilities struct {
 	// owner recorded then; a record me owns lives ttl more. For queues
 	// that have no record of their own (the key setting).
 	ClaimOwner func(ctx context.Context, key, me string, ttl time.Duration) (owner string, err error)
+	// MarkRunning, when set, records with the record at key that an
+	// exchange of the instance named by (the owner string) me runs for
+	// life more, or clears that mark when life is 0; it only marks an
+	// existing record that me owns or last marked, so that an owner
+	// taken over while its exchange runs can keep the mark fresh.
+	// RunningFor reads how long the mark says an exchange still runs (0
+	// for none). An instance taking a session over waits for the mark.
+	MarkRunning func(ctx context.Context, key, me string, life time.Duration) error
+	RunningFor  func(ctx context.Context, key string) (time.Duration, error)
 }
 
 // TurnKeeper keeps cluster turns by key (serializer.TurnStore, with keys
@@ -113,11 +122,14 @@ const (
 	// Owners.
 	OpTakeOver
 	OpClaimOwner
+	OpMarkRunning
+	OpRunningFor
 	NumOps
 )
 
 var opNames = [NumOps]string{"created", "initialize_ended", "opened", "touch", "forget", "lookup",
-	"take", "claim", "renew", "release", "take_over", "claim_owner"}
+	"take", "claim", "renew", "release", "take_over", "claim_owner",
+	"mark_running", "running_for"}
 
 func (o Op) String() string { return opNames[o] }
 
