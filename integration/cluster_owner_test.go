@@ -2,6 +2,7 @@ package integration
 
 import (
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -337,5 +338,88 @@ func TestClusterOwnerWithTheLeastPrivilegedUserWithoutChannels(t *testing.T) {
 	wantNoLostUpdate(t, "order owner, least-privileged user without channels", runCartRace(t, c))
 	if errs := nonZero(c.stateErrors(t)); len(errs) != 0 {
 		t.Errorf("failed state calls: %v", errs)
+	}
+}
+
+// A session's owner stops while a 7 s tool call runs there, and the
+// session's next request goes to another instance, which takes the session
+// over. Stopped gracefully (SIGTERM, as a rolling deploy does), the old
+// owner stops listening at once but finishes the call, keeping the
+// record's running mark fresh: the new owner sends the next request only
+// once the call has ended. Killed (SIGKILL), its PHP-FPM worker still
+// finishes the call, but nobody renews the mark: the new owner waits until
+// it lapses (at most 5 s after the last renewal), and the overlap left is
+// logged.
+func TestClusterOwnerStoppedMidCallHandsItsSessionOnOnceTheCallEnds(t *testing.T) {
+	prerequisites(t)
+	const steps, step = 7, time.Second
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		t.Run(strings.ToUpper(sig.String()), func(t *testing.T) {
+			c := startOwnerCluster(t, clusterOptions{State: redisState(startRedis(t)), ProgressMS: int(step / time.Millisecond)})
+			a, b := c.Instances[0], c.Instances[1]
+			// Caddy's own default grace period is unbounded; the tests' 2 s
+			// would cut the call.
+			a.kill(t)
+			conf, err := os.ReadFile(a.conf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(a.conf, []byte(strings.Replace(string(conf), "grace_period 2s", "grace_period 30s", 1)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			a.start(t)
+			client := &http.Client{Timeout: 40 * time.Second}
+			resp, body := post(t, client, a.URL+"/mcp", "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"go-test","version":"1"}}}`)
+			session := resp.Header.Get("Mcp-Session-Id")
+			if resp.StatusCode != http.StatusOK || session == "" {
+				t.Fatalf("initialize on %s: %d %s", a.Name, resp.StatusCode, body)
+			}
+			if resp, body := post(t, client, a.URL+"/mcp", session, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); resp.StatusCode != http.StatusAccepted {
+				t.Fatalf("notifications/initialized: %d %s", resp.StatusCode, body)
+			}
+
+			callStart := time.Now()
+			call := make(chan timedReply, 1)
+			go func() {
+				status, body, err := postNoFatal(client, a.URL+"/mcp", session, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"slow_count","arguments":{"n":`+strconv.Itoa(steps)+`}}}`)
+				if err != nil {
+					body = []byte(err.Error())
+				}
+				call <- timedReply{status: status, body: body, at: time.Now()}
+			}()
+			time.Sleep(2 * time.Second)
+			stopped := time.Now()
+			if err := syscall.Kill(-a.proc.cmd.Process.Pid, sig); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(200 * time.Millisecond) // the listener is closed
+			status, body, err := postNoFatal(client, b.URL+"/mcp", session, `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
+			listAt := time.Now()
+			if err != nil || status != http.StatusOK || !strings.Contains(string(body), `"tools"`) {
+				t.Fatalf("tools/list on %s after %s stopped: %d %s %v", b.Name, a.Name, status, body, err)
+			}
+			// The worker's script ends steps × step after the call began,
+			// whether or not its Caddy is still there to pass the answer on.
+			callEnd := callStart.Add(steps * step)
+			if sig == syscall.SIGTERM {
+				got := <-call
+				if got.status != http.StatusOK || !strings.Contains(string(got.body), "counted to") {
+					t.Fatalf("the call on the gracefully stopping owner: %d %s", got.status, got.body)
+				}
+				callEnd = got.at
+			}
+			t.Logf("%v %s %v into a %v call; tools/list through %s answered %v after the stop, %v after the call ended",
+				sig, a.Name, stopped.Sub(callStart).Round(time.Millisecond), steps*step, b.Name,
+				listAt.Sub(stopped).Round(time.Millisecond), listAt.Sub(callEnd).Round(time.Millisecond))
+			if n := sumValues(b.metrics(t, "caddy_mcp_serializer_takeovers_total")); n != 1 {
+				t.Errorf("%s took over %v sessions, want 1", b.Name, n)
+			}
+			if sig == syscall.SIGTERM && listAt.Before(callEnd) {
+				t.Errorf("tools/list was answered %v before the old owner's call ended: the two ran at once", callEnd.Sub(listAt).Round(time.Millisecond))
+			}
+			if sig == syscall.SIGKILL && listAt.Sub(stopped) < 2*time.Second {
+				t.Errorf("tools/list was answered %v after the kill: the new owner did not wait for the running mark to lapse", listAt.Sub(stopped).Round(time.Millisecond))
+			}
+		})
 	}
 }
