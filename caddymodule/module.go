@@ -244,6 +244,16 @@ func (a *appliedSettings) provisioned(generation uint64, cfg serializer.Config) 
 	a.live[generation] = cfg
 }
 
+// runningStore is the state engine of the config the table runs with now,
+// for the running marks of an exchange that began under an older config:
+// a reload may have closed that config's client since.
+func (a *appliedSettings) runningStore() owner.RunningStore {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, _ := a.live[a.generation.Load()].Store.(owner.RunningStore)
+	return s
+}
+
 // cleanedUp forgets a handler's settings. If the table runs with them,
 // the config being stopped was the running one, and Caddy stops it only
 // once its successor runs: the newest settings still live go to the

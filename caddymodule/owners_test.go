@@ -39,27 +39,27 @@ func startOwnerInstances(t testing.TB, upstream string) *ownerInstances {
 	t.Helper()
 	redisAddr := redistest.Start(t)
 	adminPort, pa, pb, pf := testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t)
-	instance := func(name string, port int, redisTimeout string) string {
+	instance := func(name string, port int, redisLogin string) string {
 		return fmt.Sprintf(`http://127.0.0.1:%d {
 	metrics /metrics
 	mcp_serializer {
 		name %s
 		order owner
 		state redis %s {
-			timeout %s
+			timeout 250ms%s
 		}
 	}
 	reverse_proxy %s {
 		flush_interval -1
 	}
 }
-`, port, name, redisAddr, redisTimeout, upstream)
+`, port, name, redisAddr, redisLogin, upstream)
 	}
 	in := &ownerInstances{
 		a: fmt.Sprintf("http://127.0.0.1:%d", pa), b: fmt.Sprintf("http://127.0.0.1:%d", pb),
 		front: fmt.Sprintf("http://127.0.0.1:%d", pf), admin: fmt.Sprintf("http://127.0.0.1:%d", adminPort),
 	}
-	in.caddyfile = func(redisTimeout string) string {
+	in.caddyfile = func(redisLogin string) string {
 		return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	auto_https off
@@ -68,7 +68,7 @@ func startOwnerInstances(t testing.TB, upstream string) *ownerInstances {
 		output discard
 	}
 }
-`, adminPort) + instance("a", pa, redisTimeout) + instance("b", pb, redisTimeout) + fmt.Sprintf(`http://127.0.0.1:%d {
+`, adminPort) + instance("a", pa, redisLogin) + instance("b", pb, redisLogin) + fmt.Sprintf(`http://127.0.0.1:%d {
 	reverse_proxy 127.0.0.1:%d 127.0.0.1:%d {
 		lb_policy round_robin
 		flush_interval -1
@@ -76,21 +76,25 @@ func startOwnerInstances(t testing.TB, upstream string) *ownerInstances {
 }
 `, pf, pa, pb)
 	}
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(in.caddyfile("250ms")), nil)
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(in.caddyfile("")), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	loadCaddy(t, cfg)
 	in.redis = redis.NewClient(&redis.Options{Addr: redisAddr})
 	t.Cleanup(func() { in.redis.Close() })
+	loadCaddy(t, cfg)
 	return in
 }
 
-// reload loads the instances' config with another Redis timeout through
-// the admin API, as `caddy reload` does: a new Redis client on both.
-func (in *ownerInstances) reload(t testing.TB, redisTimeout string) {
+// reload logs the instances in to Redis as another user, through the
+// admin API, as `caddy reload` with a rotated password does: a new Redis
+// client on both, and the old one closed once the old config stops.
+func (in *ownerInstances) reload(t testing.TB) {
 	t.Helper()
-	loadThroughAdmin(t, in.admin, in.caddyfile(redisTimeout))
+	if err := in.redis.Do(context.Background(), "ACL", "SETUSER", "rotated", "on", ">rotated-secret", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	loadThroughAdmin(t, in.admin, in.caddyfile("\n\t\t\tusername rotated\n\t\t\tpassword rotated-secret"))
 }
 
 // Pipelined connects behind round robin land each request on either
@@ -221,11 +225,18 @@ func TestAReloadChangingTheRedisConnectionCutsNoForwardedCall(t *testing.T) {
 	up.next(t)
 	up.next(t)
 
+	// b learns the owner from the record, written as initialize ends; on a
+	// slow machine it may land after the answer.
+	key := "mcp_serializer:" + serializer.StoreKey("s-long")
+	wait.Until(t, "the session's record names its owner", func() bool {
+		o, _ := in.redis.HGet(context.Background(), key, "owner").Result()
+		return o != ""
+	})
 	const forwarded = `caddy_mcp_serializer_forwards_total{result="forwarded"}`
 	before := scrapeMetric(t, in.b, forwarded)
 	call := sendAsync(context.Background(), in.b, "s-long", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"block"}}`)
 	up.next(t) // the call reached the upstream through the owner
-	in.reload(t, "300ms")
+	in.reload(t)
 	close(release)
 	select {
 	case resp := <-call:
@@ -303,4 +314,54 @@ func processCPU() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// A long call that began before a reload changing how Redis is reached
+// keeps its session's running mark through the new config's client, and
+// clears it at its end: no mark goes to the client the reload closed.
+func TestALongCallKeepsItsRunningMarkAcrossAReload(t *testing.T) {
+	release := make(chan struct{})
+	up, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(string(body), `"initialize"`) {
+			w.Header().Set("Mcp-Session-Id", "s-long")
+		}
+		if strings.Contains(string(body), "block") {
+			select {
+			case <-release:
+			case <-time.After(20 * time.Second):
+			}
+		}
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	})
+	in := startOwnerInstances(t, addr)
+	post(t, in.a, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`).Body.Close()
+	post(t, in.a, "s-long", `{"jsonrpc":"2.0","method":"notifications/initialized"}`).Body.Close()
+	up.next(t)
+	up.next(t)
+
+	const markErrors = `caddy_mcp_serializer_state_errors_total{op="mark_running"}`
+	before := scrapeMetric(t, in.a, markErrors)
+	call := sendAsync(context.Background(), in.a, "s-long", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"block"}}`)
+	up.next(t)
+	in.reload(t)
+	ctx := context.Background()
+	key := "mcp_serializer:" + serializer.StoreKey("s-long")
+	markedBy := func() string { by, _ := in.redis.HGet(ctx, key, "running_by").Result(); return by }
+	wait.Until(t, "the call's running mark", func() bool { return markedBy() != "" })
+	time.Sleep(2 * time.Second) // and a renewal
+	close(release)
+	select {
+	case resp := <-call:
+		if resp == nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("the long call across the reload: %v", resp)
+		}
+		resp.Body.Close()
+	case <-time.After(30 * time.Second):
+		t.Fatal("the long call did not end within 30s")
+	}
+	wait.Until(t, "the mark cleared at the call's end", func() bool { return markedBy() == "" })
+	if n := scrapeMetric(t, in.a, markErrors) - before; n != 0 {
+		t.Fatalf("%v running marks failed across the reload", n)
+	}
 }

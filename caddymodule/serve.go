@@ -200,7 +200,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 			return h.reject(w, r, "previous_owner", http.StatusServiceUnavailable, codeServerError,
 				"this MCP session's previous instance is still running its last request at the MCP server; retry", reqID)
 		}
-		defer h.owners.ExchangeBegan(h.ownerStore, info.sessionID)()
+		defer h.owners.ExchangeBegan(h.applied.runningStore, info.sessionID)()
 	}
 	if turn.Clustered() {
 		// Stopped upstream if the cluster turn may lapse before it ends:

@@ -293,14 +293,19 @@ func (d *Directory) Serves(id, ownerID string) bool {
 // the exchange runs past markAfter, the session's record is marked as
 // running until it ends, so that an instance taking the session over
 // meanwhile waits for it (AwaitPrevious). A short exchange costs a timer,
-// and nothing ever waits for the marks to be written.
-func (d *Directory) ExchangeBegan(s RunningStore, id string) (ended func()) {
+// and nothing ever waits for the marks to be written. store is asked for
+// the Store at each mark: a reload may replace it while the exchange runs.
+func (d *Directory) ExchangeBegan(store func() RunningStore, id string) (ended func()) {
 	k, ok := d.entry(id)
 	if !ok || k.owner.ID != d.self {
 		return func() {}
 	}
 	me := k.owner.String()
 	mark := func(life time.Duration) {
+		s := store()
+		if s == nil {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), d.markLife/3)
 		defer cancel()
 		_ = s.MarkRunning(ctx, id, me, life) // a mark not made lapses within markLife

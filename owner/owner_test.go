@@ -385,6 +385,8 @@ func (r *runningStore) RunningFor(_ context.Context, id string) (time.Duration, 
 	return max(time.Until(r.until[id]), 0), nil
 }
 
+func (r *runningStore) get() RunningStore { return r }
+
 func nextMark(t *testing.T, r *runningStore) string {
 	t.Helper()
 	select {
@@ -406,7 +408,7 @@ func TestAnOwnersLongExchangeMarksTheRecordUntilItEnds(t *testing.T) {
 	d.markAfter, d.markLife = 10*time.Millisecond, 60*time.Millisecond
 	d.Created("s", ownerA.Addr)
 
-	ended := d.ExchangeBegan(store, "s")
+	ended := d.ExchangeBegan(store.get, "s")
 	for range 3 { // the first mark and two renewals
 		if m := nextMark(t, store); m != "mark s" {
 			t.Fatalf("got %q, want a mark", m)
@@ -420,12 +422,12 @@ func TestAnOwnersLongExchangeMarksTheRecordUntilItEnds(t *testing.T) {
 		t.Fatalf("the mark outlived its exchange by %v", left)
 	}
 
-	d.ExchangeBegan(store, "s")() // over before markAfter
+	d.ExchangeBegan(store.get, "s")() // over before markAfter
 	store.memStore.owners["elsewhere"] = ownerB.String()
 	if o, forward := d.Route(bg, store, "elsewhere", ownerA.Addr); !forward || o != ownerB {
 		t.Fatalf("Route = %v, %v", o, forward)
 	}
-	defer d.ExchangeBegan(store, "elsewhere")()
+	defer d.ExchangeBegan(store.get, "elsewhere")()
 	time.Sleep(5 * d.markAfter)
 	select {
 	case m := <-store.marked:
