@@ -76,7 +76,7 @@ func TestRedisClusterStateConformance(t *testing.T) {
 // A managed cluster hands out one address (its configuration endpoint):
 // with cluster, that one address makes a cluster client, which follows
 // the other masters' MOVED, here on a three-master Redis Cluster; the
-// session records and the cluster turns work as on one server.
+// session records and their owners work as on one server.
 func TestRedisClusterBehindOneAddress(t *testing.T) {
 	addrs := redistest.StartCluster(t, 3)
 	n := 0
@@ -95,11 +95,11 @@ func TestRedisClusterBehindOneAddress(t *testing.T) {
 	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addrs[0]}, "cluster": true}).(*Engine)
 	for i := range 20 { // keys in every master's slots
 		key := serializer.StoreKey(strconv.Itoa(i))
-		if st, _, err := eng.TakeTurn(ctx, key, "a", 0, time.Second, time.Second); err != nil || st != serializer.TurnServed {
-			t.Fatalf("take %d: %v, %v", i, st, err)
+		if owner, err := eng.ClaimOwner(ctx, key, "a", time.Minute); err != nil || owner != "a" {
+			t.Fatalf("claim %d: %q, %v", i, owner, err)
 		}
-		if err := eng.ReleaseTurn(ctx, key, "a", time.Second); err != nil {
-			t.Fatalf("release %d: %v", i, err)
+		if err := eng.Forget(ctx, key); err != nil {
+			t.Fatalf("forget %d: %v", i, err)
 		}
 	}
 
