@@ -69,9 +69,6 @@ type Config struct {
 	// Watcher announces changes made by any instance (remote.go): a wait
 	// on another instance then ends at once, not at the next read.
 	Watcher Watcher
-	// Turns orders each session's requests across instances (turn.go);
-	// nil keeps the order on this instance only.
-	Turns TurnStore
 	// GateReadAfter, when positive, makes a gate that has held a request
 	// this long read its session's record, again every GateReadAfter or
 	// so, until the record says open (remote.go): the session's
@@ -110,11 +107,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("session_ttl must be positive, got %s", c.SessionTTL)
 	case c.StoreTimeout <= 0:
 		return fmt.Errorf("store_timeout must be positive, got %s", c.StoreTimeout)
-	case (c.Turns != nil || c.Writes != nil || c.Watcher != nil) && c.Store == nil:
-		return fmt.Errorf("cluster turns, queued writes and announcements need a Store")
-	case c.Turns != nil && c.StoreTimeout > MaxTurnStoreTimeout:
-		return fmt.Errorf("store_timeout must be at most %s with cluster turns, got %s: "+
-			"a turn's holder must have time to renew its lease twice before it stops its exchange", MaxTurnStoreTimeout, c.StoreTimeout)
+	case (c.Writes != nil || c.Watcher != nil) && c.Store == nil:
+		return fmt.Errorf("queued writes and announcements need a Store")
 	}
 	return nil
 }
@@ -153,9 +147,6 @@ type Events interface {
 	// and looked up in the Store: gated if the record said it was still
 	// initializing, else (open, missing, or the store failed) queue only.
 	Adopted(sessionID string, gated bool)
-	// TurnLost reports an exchange stopped because its cluster turn could
-	// not be renewed, or went to another instance, before it ended.
-	TurnLost(sessionID string)
 }
 
 type noEvents struct{}
@@ -165,4 +156,3 @@ func (noEvents) Held()                              {}
 func (noEvents) GateTimedOut(string, TimeoutAction) {}
 func (noEvents) Evicted(bool)                       {}
 func (noEvents) Adopted(string, bool)               {}
-func (noEvents) TurnLost(string)                    {}

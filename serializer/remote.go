@@ -95,9 +95,8 @@ func (r *remoteWaits) announcing() bool {
 	return w != nil && w.Announcing()
 }
 
-// changedElsewhere wakes the requests waiting on session key, if any, and
-// tells a holder of its cluster turn of an ask.
-func (t *Table) changedElsewhere(key, asker string, waited time.Duration) {
+// changedElsewhere wakes the requests waiting on session key, if any.
+func (t *Table) changedElsewhere(key, _ string, _ time.Duration) {
 	t.remote.mu.Lock()
 	w := t.remote.sessions[key]
 	t.remote.mu.Unlock()
@@ -107,14 +106,7 @@ func (t *Table) changedElsewhere(key, asker string, waited time.Duration) {
 	s := w.s
 	s.mu.Lock()
 	s.wakeRemoteWaits()
-	var handOn *turnGrant
-	if asker != "" {
-		handOn = s.turnAsked(asker, waited)
-	}
 	s.mu.Unlock()
-	if handOn != nil {
-		go s.releaseGrant(handOn)
-	}
 }
 
 // awaitRemote registers a wait on s for announcements; the returned
@@ -186,37 +178,29 @@ func (s *Session) nextRemoteChange() <-chan struct{} {
 }
 
 // watchGateIfHeld starts watching the record of s while a request is held
-// at its gate, if no watch runs yet, with cluster turns or GateReadAfter:
-// the front spreads a session's requests, so its gate may open on another
-// instance. Behind a front that keeps a session on one instance, the
-// notifications/initialized that opens the gate comes here, and no read
-// is needed. Caller holds s.mu.
+// at its gate, with GateReadAfter and if no watch runs yet: the session's
+// notifications/initialized may have been served on another instance
+// (see Config.GateReadAfter). Caller holds s.mu.
 func (s *Session) watchGateIfHeld() {
 	cfg := s.table.config()
-	if (cfg.Turns == nil && cfg.GateReadAfter <= 0) || cfg.Store == nil || s.gate != gateInitializing || s.lookingUp || s.gone || s.gateWatched {
+	if cfg.GateReadAfter <= 0 || cfg.Store == nil || s.gate != gateInitializing || s.lookingUp || s.gone || s.gateWatched {
 		return
 	}
 	s.gateWatched = true
 	go s.watchGate(cfg.Store)
 }
 
-// watchGate reads s's record until it says open or is missing (the gate
-// then opens here too) or nothing is held at the gate any more: the gate opened or
-// timed out here, or no request holds the session. With cluster turns the
-// first read is at once (the record may have opened before the watch
-// began) and announcements end each pause; with GateReadAfter alone, a
-// gate whose notifications/initialized usually comes here, the reads
-// begin after GateReadAfter and come as often, so that a gate held for a
-// slow client costs a few reads, not a stream of them.
+// watchGate reads s's record GateReadAfter after the watch began, then
+// every GateReadAfter, until it says open or is missing (the gate then
+// opens here too) or nothing is held at the gate any more: the gate
+// opened or timed out here, or no request holds the session. A gate held
+// for a slow client so costs a few reads, not a stream of them.
 func (s *Session) watchGate(store Store) {
 	t := s.table
 	defer t.awaitRemote(s)()
-	backoff, most := remoteFirstBackoff, remoteMaxBackoff
-	if cfg := t.config(); cfg.Turns == nil {
-		backoff, most = cfg.GateReadAfter, cfg.GateReadAfter
-		if !t.pause(nil, nil, backoff) {
-			return
-		}
+	every := t.config().GateReadAfter
+	if !t.pause(nil, nil, every) {
+		return
 	}
 	for {
 		s.mu.Lock()
@@ -238,9 +222,8 @@ func (s *Session) watchGate(store Store) {
 			t.gateSettled(s)
 			return
 		}
-		if !t.pause(changed, nil, backoff) {
+		if !t.pause(changed, nil, every) {
 			return
 		}
-		backoff = min(2*backoff, most)
 	}
 }

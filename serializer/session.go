@@ -52,11 +52,6 @@ type Session struct {
 	retryPause time.Duration // while the write on its way fails: the last pause before a try,
 	retried    time.Duration // and all of them since it last succeeded
 	changed    chan struct{} // closed when another instance announces a change (remote.go)
-
-	// With cluster turns only, written in turn.go only.
-	clusterGrant *turnGrant // the session's cluster turn, while this instance holds it
-	askToken     string     // the token the slot's holder asks for it under
-	wantHeard    time.Time  // when another instance's ask was heard meanwhile
 }
 
 // waiter is a request waiting for its turn.
@@ -78,7 +73,6 @@ type Turn struct {
 	begins   bool          // the initialize exchange that created the session
 	held     bool          // at the gate, waiting for initialized
 	waited   time.Duration // before the turn; 0 when it went straight through
-	grant    *turnGrant    // the cluster turn it runs under, if any (turn.go)
 }
 
 // Streaming records that the response is an event stream, which lets
@@ -120,46 +114,16 @@ func (t Turn) Done(status int) {
 // release gives the slot back without any effect of an upstream answer.
 func (t Turn) release() { t.end(nil) }
 
-// end ends the turn's exchange: its cluster turn handed on if another
-// instance waits for it, answered's effects on the session (nil: none),
-// and the slot passed on.
+// end ends the turn's exchange: answered's effects on the session (nil:
+// none), then the slot passed on.
 func (t Turn) end(answered func()) {
 	s := t.s
 	s.mu.Lock()
-	// Before the slot passes on: whether to hand on depends on who is next.
-	handOn := t.grant != nil && s.grantEnded(t.grant)
 	if answered != nil {
 		answered()
 	}
 	s.exchangeEnded(t.overtake)
 	s.mu.Unlock()
-	if handOn {
-		s.releaseGrant(t.grant)
-	}
-}
-
-// Clustered reports whether the turn runs under a cluster turn, which may
-// lapse before the exchange ends (see StopOnLapse).
-func (t Turn) Clustered() bool { return t.grant != nil }
-
-// StopOnLapse gives the turn a way to stop its exchange upstream, which
-// it calls if the exchange's cluster turn may lapse before it ends (the
-// engine cannot be reached to renew it, or gave it to another instance):
-// another instance may then start the session's next exchange.
-func (t Turn) StopOnLapse(stop func()) {
-	g := t.grant
-	if g == nil {
-		return
-	}
-	t.s.mu.Lock()
-	lost := g.lost
-	if !lost {
-		g.stop = stop
-	}
-	t.s.mu.Unlock()
-	if lost {
-		stop()
-	}
 }
 
 // Overtook reports whether the turn went ahead of the in-flight exchange.
