@@ -51,7 +51,6 @@ type Session struct {
 	nextWrite  storeOp       // the write to send once that one is answered; writeNone if none
 	retryPause time.Duration // while the write on its way fails: the last pause before a try,
 	retried    time.Duration // and all of them since it last succeeded
-	changed    chan struct{} // closed when another instance announces a change (remote.go)
 }
 
 // waiter is a request waiting for its turn.

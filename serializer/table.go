@@ -38,8 +38,6 @@ type Table struct {
 	// guarded by mu), and whether one is still running.
 	touchedAt int64
 	touching  atomic.Bool
-
-	remote remoteWaits // sessions waiting on another instance
 }
 
 // NewTable returns a table with its janitor running; Close stops it.
@@ -63,7 +61,6 @@ func (t *Table) Configure(cfg Config) {
 		cfg.Events = noEvents{}
 	}
 	cfg.Clock = t.clock
-	t.watch(cfg.Watcher)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.cfg.Store(&cfg)
@@ -79,7 +76,6 @@ func (t *Table) Close() {
 	default:
 		close(t.stop)
 	}
-	t.unwatch()
 	t.closed.Wait()
 }
 
