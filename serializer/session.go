@@ -57,7 +57,6 @@ type Session struct {
 type waiter struct {
 	traits   Traits
 	src      SynthSource   // nil unless the caller gave one
-	arrived  time.Time     // when the request reached this instance
 	ready    chan struct{} // closed once decided
 	err      error         // the decision: nil is a turn
 	overtake bool          // the turn is outside the slot (RepliesOnly)
@@ -131,7 +130,7 @@ func (t Turn) Overtook() bool { return t.overtake }
 // enter waits for the request's turn in s: at once, beside the slot's
 // holder, or in the line until dispatch grants it, queue_timeout passes
 // or ctx ends.
-func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, arrival time.Time) (Turn, error) {
+func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Turn, error) {
 	cfg := s.table.config()
 	if err := ctx.Err(); err != nil {
 		return Turn{}, err
@@ -149,7 +148,7 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, arr
 		s.mu.Unlock()
 		return Turn{s: s, traits: traits}, nil
 	}
-	w := &waiter{traits: traits, src: src, arrived: arrival, ready: make(chan struct{})}
+	w := &waiter{traits: traits, src: src, ready: make(chan struct{})}
 	s.waitInLine(w)
 	held := !s.admits(traits) && !s.lookingUp
 	if held {

@@ -17,10 +17,10 @@ package serializer
 //
 // When may a request overtake? A message carrying only replies or
 // cancellations goes beside the holder while it streams, once the gate
-// is open (canOvertake). Every other request waits
-// for the free slot in arrival order, and only for one its gate admits.
-// dispatch hands out whatever turns the state allows; every transition
-// that can free a turn ends with it.
+// is open (canOvertake). Every other request waits for the free slot in
+// arrival order, and only for one its gate admits. dispatch hands out
+// whatever turns the state allows; every transition that can free a turn
+// ends with it.
 
 type slotState uint8
 

@@ -122,14 +122,13 @@ func (t *Table) Acquire(ctx context.Context, id string, traits Traits) (Turn, er
 // StoreTimeout) leaves it queue only. A session known here never costs a
 // Store call per request.
 func (t *Table) AcquireFrom(ctx context.Context, id string, traits Traits, src SynthSource) (Turn, error) {
-	start := t.clock.Now()
-	return t.takeTurn(ctx, t.ref(id, true), traits, src, start)
+	return t.takeTurn(ctx, t.ref(id, true), traits, src)
 }
 
 // takeTurn waits for a request's turn in s, which it holds a reference to.
 // The reference is dropped unless a turn is returned.
-func (t *Table) takeTurn(ctx context.Context, s *Session, traits Traits, src SynthSource, start time.Time) (Turn, error) {
-	turn, err := s.enter(ctx, traits, src, start)
+func (t *Table) takeTurn(ctx context.Context, s *Session, traits Traits, src SynthSource) (Turn, error) {
+	turn, err := s.enter(ctx, traits, src)
 	if err != nil {
 		s.unref()
 		return turn, err
@@ -142,12 +141,11 @@ func (t *Table) takeTurn(ctx context.Context, s *Session, traits Traits, src Syn
 // the caller derives from a session-less request (an MCP 2026-07-28
 // handle): one at a time per key, in arrival order, with a session's
 // bounds; never gated, and never looked up in the Store, since no
-// instance creates a record for it. Keys share
-// the table, and MaxSessions, with sessions: the caller keeps the two
-// apart (no session id can equal a key it makes).
+// instance creates a record for it. Keys share the table, and
+// MaxSessions, with sessions: the caller keeps the two apart (no session
+// id can equal a key it makes).
 func (t *Table) AcquireKeyed(ctx context.Context, key string, traits Traits) (Turn, error) {
-	start := t.clock.Now()
-	return t.takeTurn(ctx, t.refKey(key), traits, nil, start)
+	return t.takeTurn(ctx, t.refKey(key), traits, nil)
 }
 
 // AcquireSynthesized waits for the turn of a notifications/initialized
