@@ -27,7 +27,6 @@ var metrics = struct {
 	evictedOpen prometheus.Counter // evictions{gate="open"}
 	evictedInit prometheus.Counter // evictions{gate="initializing"}
 	stateErrors *prometheus.CounterVec
-	turnsLost   prometheus.Counter
 	forwards    *prometheus.CounterVec
 	takeovers   prometheus.CounterFunc
 }{}
@@ -71,10 +70,6 @@ func init() {
 		Namespace: ns, Subsystem: sub, Name: "state_errors_total",
 		Help: "Calls to the shared session state engine that failed or timed out, by operation.",
 	}, []string{"op"})
-	metrics.turnsLost = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "turns_lost_total",
-		Help: "Exchanges stopped before their end because their cluster turn could not be renewed in time, or went to another instance (order cluster).",
-	})
 	metrics.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "forwards_total",
 		Help: "Requests sent to the instance owning their session (order owner), by result: forwarded (answered by the owner), unreachable (not dialed: taken over), not_owner (the instance there no longer serves the session: taken over), failed (sent, then no answer).",
@@ -91,7 +86,7 @@ func registerMetrics(registry *prometheus.Registry) {
 	}
 	for _, c := range []prometheus.Collector{
 		metrics.sessions, metrics.queueWait, metrics.gateHolds, metrics.gateTimeout,
-		metrics.rejections, metrics.bypasses, metrics.evictions, metrics.stateErrors, metrics.turnsLost,
+		metrics.rejections, metrics.bypasses, metrics.evictions, metrics.stateErrors,
 		metrics.forwards, metrics.takeovers,
 	} {
 		if err := registry.Register(c); err != nil {
@@ -129,12 +124,11 @@ type events struct {
 	// gateWarns spaces the gate-timeout WARNs: every client that never
 	// sends initialized causes one. nil logs each.
 	gateWarns *warnlimit.Limiter
-	turnWarns *warnlimit.Limiter // the same for lost turns
-	now       func() time.Time   // nil: time.Now
+	now       func() time.Time // nil: time.Now
 }
 
 func newEvents(logger *zap.Logger) events {
-	return events{logger: logger, gateWarns: new(warnlimit.Limiter), turnWarns: new(warnlimit.Limiter)}
+	return events{logger: logger, gateWarns: new(warnlimit.Limiter)}
 }
 
 func (events) Waited(d time.Duration) { metrics.queueWait.Observe(d.Seconds()) }
@@ -149,16 +143,6 @@ func (e events) GateTimedOut(id string, action serializer.TimeoutAction) {
 		e.logger.Warn("notifications/initialized not acknowledged within init_timeout",
 			zap.String("session", serializer.SessionHash(id)), zap.Stringer("action", action),
 			zap.Int("suppressed", suppressed))
-	}
-}
-
-// TurnLost counts every exchange stopped for its cluster turn and logs as
-// GateTimedOut does.
-func (e events) TurnLost(id string) {
-	metrics.turnsLost.Inc()
-	if ok, suppressed := e.allow(e.turnWarns); ok {
-		e.logger.Warn("exchange stopped: its cluster turn could not be renewed in time, or went to another instance",
-			zap.String("session", serializer.SessionHash(id)), zap.Int("suppressed", suppressed))
 	}
 }
 

@@ -204,9 +204,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // defaultOrder fills in order: owner where the state engine can record
 // owners (safe behind any front, and free behind one that keeps a session
-// on one instance), else local. order cluster, whose turns moved between
-// instances with leases, runs as owner: configs written for it keep
-// loading, with a WARN.
+// on one instance), else local. order cluster, an earlier way of ordering
+// across instances, runs as owner: configs written for it keep loading,
+// with a WARN.
 func (h *Handler) defaultOrder() {
 	canOwn := h.engine != nil && h.engine.Abilities().TakeOver != nil && h.engine.Abilities().ClaimOwner != nil
 	switch {
@@ -258,8 +258,8 @@ func (a *appliedSettings) runningStore() owner.RunningStore {
 // the config being stopped was the running one, and Caddy stops it only
 // once its successor runs: the newest settings still live go to the
 // table now, so that its background work (record refreshes, lookups at
-// init_timeout, turns handed on) stops using an engine that is closing,
-// even if the new config has not served a request yet.
+// init_timeout, reads of a held gate's record) stops using an engine that
+// is closing, even if the new config has not served a request yet.
 func (a *appliedSettings) cleanedUp(table *serializer.Table, generation uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

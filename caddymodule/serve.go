@@ -202,28 +202,10 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 		}
 		defer h.owners.ExchangeBegan(h.applied.runningStore, info.sessionID)()
 	}
-	if turn.Clustered() {
-		// Stopped upstream if the cluster turn may lapse before it ends:
-		// another instance may then start the session's next exchange.
-		ctx, cancel := context.WithCancelCause(r.Context())
-		defer cancel(nil)
-		turn.StopOnLapse(func() { cancel(errTurnLost) })
-		r = r.WithContext(ctx)
-		ew.r = r
-	}
 	err = next.ServeHTTP(ew, r)
-	if ew.status == 0 && errors.Is(context.Cause(r.Context()), errTurnLost) {
-		w.Header().Set("Retry-After", "1")
-		ew.status = http.StatusServiceUnavailable
-		return h.reject(w, r, "turn_lost", http.StatusServiceUnavailable, codeServerError,
-			"the request was stopped upstream: this instance lost the session's turn across instances (the state engine did not renew it in time, or gave it to another instance); retry", reqID)
-	}
 	ew.settleStatus(err)
 	return err
 }
-
-// errTurnLost cancels an exchange whose cluster turn may lapse.
-var errTurnLost = errors.New("mcp_serializer: the session's cluster turn may lapse")
 
 // serveGetStream lets the server-to-client stream through once the gate is
 // open; it never takes the session's slot.

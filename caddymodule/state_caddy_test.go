@@ -238,8 +238,8 @@ func TestHandlersSharingATableMustAgreeOnState(t *testing.T) {
 }
 
 // An exchange runs to its end while Redis does not answer (here it pauses
-// every client's writes): the owner holds no lease that could lapse, and
-// stopping the proxied request would not stop a PHP-FPM worker anyway.
+// every client's writes): nothing in it waits on Redis, and stopping the
+// proxied request would not stop a PHP-FPM worker anyway.
 func TestAnExchangeRunsToItsEndWhileRedisDoesNotAnswer(t *testing.T) {
 	redisAddr := redistest.Start(t)
 	const sid = "long-call"

@@ -67,11 +67,7 @@ func (r *Engine) queueWrite(ctx context.Context, p redis.Pipeliner, w *stateengi
 	case stateengine.OpInitializeEnded:
 		return eval(updateScript, ctx, p, keys, "ended", ttl.Milliseconds())
 	case stateengine.OpOpened:
-		channel := ""
-		if w.Announce {
-			channel = r.changedChannel()
-		}
-		return eval(updateScript, ctx, p, keys, "opened", ttl.Milliseconds(), channel, w.Key)
+		return eval(updateScript, ctx, p, keys, "opened", ttl.Milliseconds())
 	case stateengine.OpTouch:
 		return eval(updateScript, ctx, p, keys, "touch", ttl.Milliseconds())
 	case stateengine.OpForget:

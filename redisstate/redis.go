@@ -78,10 +78,9 @@ type Engine struct {
 	// failed and the handler carries on locally. Default: 250ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
-	client        redis.UniversalClient
-	poolKey       string
-	logger        *zap.Logger
-	announcements *announcements // turn.go
+	client  redis.UniversalClient
+	poolKey string
+	logger  *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -124,7 +123,7 @@ func (c pooledRedis) Destruct() error { return c.Close() }
 // settings. It does not connect: an engine that is down at start degrades
 // the handler, it does not stop Caddy.
 func (r *Engine) Provision(ctx caddy.Context) error {
-	r.logger, r.announcements = ctx.Logger(), new(announcements)
+	r.logger = ctx.Logger()
 	if len(r.Address) == 0 && len(r.Sentinel) == 0 && !r.Cluster {
 		r.Address = []string{defaultRedisAddress}
 	}
@@ -288,10 +287,10 @@ func (r *Engine) Cleanup() error {
 	return err
 }
 
-// Abilities: writes in batches (one pipeline), cluster turns with
-// announcements, and session owners taken over.
+// Abilities: writes in batches (one pipeline), and session owners taken
+// over and claimed.
 func (r *Engine) Abilities() stateengine.Abilities {
-	return stateengine.Abilities{Batch: r.Writes, Turns: r, TakeOver: r.TakeOver, ClaimOwner: r.ClaimOwner,
+	return stateengine.Abilities{Batch: r.Writes, TakeOver: r.TakeOver, ClaimOwner: r.ClaimOwner,
 		MarkRunning: r.MarkRunning, RunningFor: r.RunningFor}
 }
 
@@ -398,9 +397,7 @@ func (r *Engine) RunningFor(ctx context.Context, key string) (time.Duration, err
 // updateScript applies one update to an existing record, atomically, so
 // that updates from several instances never regress it: fields only move
 // towards open, and a missing record stays missing. KEYS[1] the record;
-// ARGV: op (ended, opened, touch), ttl (ms), and for opened a channel
-// ("" for none) to announce the key (ARGV[4]) on, through pcall so that a
-// refused announcement never undoes the write. An open record lives ttl
+// ARGV: op (ended, opened, touch), ttl (ms). An open record lives ttl
 // from now; an initializing one only ever gets longer, never shorter than
 // the life Created gave it (up to its init deadline): the same expiry as
 // serializer.RecordTTL's, without the deadline, which this call lacks.
@@ -408,7 +405,6 @@ var updateScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if ARGV[1] == 'opened' then
   redis.call('HSET', KEYS[1], 'open', '1', 'inflight', '0')
-  if ARGV[3] ~= '' then redis.pcall('PUBLISH', ARGV[3], ARGV[4]) end
 elseif ARGV[1] == 'ended' then
   redis.call('HSET', KEYS[1], 'inflight', '0')
 end

@@ -3,7 +3,9 @@ package redisstate
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -76,7 +78,7 @@ func TestRedisClusterStateConformance(t *testing.T) {
 // A managed cluster hands out one address (its configuration endpoint):
 // with cluster, that one address makes a cluster client, which follows
 // the other masters' MOVED, here on a three-master Redis Cluster; the
-// session records and the cluster turns work as on one server.
+// session records and their owners work as on one server.
 func TestRedisClusterBehindOneAddress(t *testing.T) {
 	addrs := redistest.StartCluster(t, 3)
 	n := 0
@@ -95,11 +97,11 @@ func TestRedisClusterBehindOneAddress(t *testing.T) {
 	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addrs[0]}, "cluster": true}).(*Engine)
 	for i := range 20 { // keys in every master's slots
 		key := serializer.StoreKey(strconv.Itoa(i))
-		if st, _, err := eng.TakeTurn(ctx, key, "a", 0, time.Second, time.Second); err != nil || st != serializer.TurnServed {
-			t.Fatalf("take %d: %v, %v", i, st, err)
+		if owner, err := eng.ClaimOwner(ctx, key, "a", time.Minute); err != nil || owner != "a" {
+			t.Fatalf("claim %d: %q, %v", i, owner, err)
 		}
-		if err := eng.ReleaseTurn(ctx, key, "a", time.Second); err != nil {
-			t.Fatalf("release %d: %v", i, err)
+		if err := eng.Forget(ctx, key); err != nil {
+			t.Fatalf("forget %d: %v", i, err)
 		}
 	}
 
@@ -436,5 +438,88 @@ func TestRedisRefusesBadSettingsNamingThem(t *testing.T) {
 		{map[string]any{"tls_cert_file": "/nonexistent/c.pem", "tls_key_file": "/nonexistent/c.key"}, "tls_cert_file, tls_key_file"},
 	} {
 		enginetest.Refuses(t, "redis", tc.cfg, tc.want)
+	}
+}
+
+// leastPrivilegeACL is the rule docs/several-instances.md gives for the
+// module's Redis user with the default key_prefix.
+const leastPrivilegeACL = "resetkeys ~mcp_serializer:* resetchannels -@all +@connection +eval +evalsha +hmget +hget +hset +hdel +exists +pexpire +del +time"
+
+// The whole engine runs as a user with leastPrivilegeACL: records, owners
+// and running marks, with no call refused and nothing logged.
+func TestRedisEngineRunsAsTheLeastPrivilegedUser(t *testing.T) {
+	addr := redistest.Start(t)
+	ctx := context.Background()
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	args := []any{"ACL", "SETUSER", "mcp", "on", ">pw"}
+	for _, rule := range strings.Fields(leastPrivilegeACL) {
+		args = append(args, rule)
+	}
+	if err := admin.Do(ctx, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	load := func(t *testing.T, prefix string) *Engine {
+		return enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}, "username": "mcp", "password": "pw",
+			"timeout": "1s", "key_prefix": prefix}).(*Engine)
+	}
+	n := 0
+	errorsBefore := map[string]float64{}
+	for op := range stateengine.NumOps {
+		errorsBefore[op.String()] = testutil.ToFloat64(enginetest.Errors.WithLabelValues(op.String()))
+	}
+	enginetest.Conformance(t, func(t *testing.T, ttl time.Duration) enginetest.Under {
+		n++ // keys of their own per engine, within the user's
+		return enginetest.Under{Store: enginetest.NewAdapter(load(t, fmt.Sprintf("mcp_serializer:%d:", n)), ttl, zap.NewNop()), Advance: time.Sleep}
+	})
+
+	core, logs := observer.New(zap.WarnLevel)
+	store := enginetest.NewAdapter(load(t, "mcp_serializer:"), time.Hour, zap.New(core))
+	const a, b = "a 10.0.0.1:8080", "b 10.0.0.2:8080"
+	if err := store.CreatedOwned(ctx, "s", time.Now().Add(time.Minute), a); err != nil {
+		t.Fatal(err)
+	}
+	if owner, found, err := store.TakeOver(ctx, "s", a, b); err != nil || !found || owner != b {
+		t.Fatalf("TakeOver = %q, %v, %v", owner, found, err)
+	}
+	if owner, err := store.Claim(ctx, "key cart", a); err != nil || owner != a {
+		t.Fatalf("Claim = %q, %v", owner, err)
+	}
+	if err := store.MarkRunning(ctx, "s", b, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := store.RunningFor(ctx, "s"); err != nil || left <= 0 {
+		t.Fatalf("RunningFor = %v, %v after a mark", left, err)
+	}
+	if err := store.MarkRunning(ctx, "s", b, 0); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := store.RunningFor(ctx, "s"); err != nil || left != 0 {
+		t.Fatalf("RunningFor = %v, %v after the mark was cleared", left, err)
+	}
+	for _, id := range []string{"s", "key cart"} {
+		if err := store.Forget(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for op, before := range errorsBefore {
+		if n := testutil.ToFloat64(enginetest.Errors.WithLabelValues(op)); n != before {
+			t.Errorf("%v failed %s calls", n-before, op)
+		}
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("WARNs: %v", logs.All())
+	}
+}
+
+// The docs give operators the rule the least-privilege test runs.
+func TestDocsGiveTheTestedACLRule(t *testing.T) {
+	page, err := os.ReadFile("../docs/several-instances.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "ACL SETUSER mcp_serializer on >{password} " + leastPrivilegeACL + "\n"; !strings.Contains(string(page), want) {
+		t.Fatalf("docs/several-instances.md lacks the tested ACL rule:\n%s", want)
 	}
 }

@@ -60,18 +60,10 @@ type Config struct {
 	// requests of a session unknown here at most this long (and at most
 	// QueueTimeout/2) for its lookup. Nothing else waits on the store.
 	StoreTimeout time.Duration
-	// What the Store can do beyond its calls, each nil if nothing. They
-	// need a Store; they are usually the Store itself.
-	//
-	// Writes takes a session's later writes and sends them itself
-	// (writes.go), so that no goroutine waits on each.
+	// Writes, unless nil, takes a session's later writes and sends them
+	// itself (writes.go), so that no goroutine waits on each. It needs a
+	// Store, and is usually the Store itself.
 	Writes WriteQueue
-	// Watcher announces changes made by any instance (remote.go): a wait
-	// on another instance then ends at once, not at the next read.
-	Watcher Watcher
-	// Turns orders each session's requests across instances (turn.go);
-	// nil keeps the order on this instance only.
-	Turns TurnStore
 	// GateReadAfter, when positive, makes a gate that has held a request
 	// this long read its session's record, again every GateReadAfter or
 	// so, until the record says open (remote.go): the session's
@@ -110,11 +102,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("session_ttl must be positive, got %s", c.SessionTTL)
 	case c.StoreTimeout <= 0:
 		return fmt.Errorf("store_timeout must be positive, got %s", c.StoreTimeout)
-	case (c.Turns != nil || c.Writes != nil || c.Watcher != nil) && c.Store == nil:
-		return fmt.Errorf("cluster turns, queued writes and announcements need a Store")
-	case c.Turns != nil && c.StoreTimeout > MaxTurnStoreTimeout:
-		return fmt.Errorf("store_timeout must be at most %s with cluster turns, got %s: "+
-			"a turn's holder must have time to renew its lease twice before it stops its exchange", MaxTurnStoreTimeout, c.StoreTimeout)
+	case c.Writes != nil && c.Store == nil:
+		return fmt.Errorf("queued writes need a Store")
 	}
 	return nil
 }
@@ -153,9 +142,6 @@ type Events interface {
 	// and looked up in the Store: gated if the record said it was still
 	// initializing, else (open, missing, or the store failed) queue only.
 	Adopted(sessionID string, gated bool)
-	// TurnLost reports an exchange stopped because its cluster turn could
-	// not be renewed, or went to another instance, before it ended.
-	TurnLost(sessionID string)
 }
 
 type noEvents struct{}
@@ -165,4 +151,3 @@ func (noEvents) Held()                              {}
 func (noEvents) GateTimedOut(string, TimeoutAction) {}
 func (noEvents) Evicted(bool)                       {}
 func (noEvents) Adopted(string, bool)               {}
-func (noEvents) TurnLost(string)                    {}

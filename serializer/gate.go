@@ -250,7 +250,6 @@ func (s *Session) endedUpstream() {
 	defer s.mu.Unlock()
 	s.gone = true
 	s.record(opForget)
-	s.sessionEndedWithGrant()
 	if s.gate == gateInitializing {
 		s.openGate()
 		s.dispatch()
@@ -267,7 +266,6 @@ func (s *Session) droppedByOperator() int {
 	s.dropped = true
 	s.gone = true
 	s.record(opForget)
-	s.idleGrantGone()
 	answered := s.answerAll(ErrSessionDropped)
 	if s.gate == gateInitializing {
 		s.openGate() // wakes GET streams at the gate; they see dropped
@@ -287,7 +285,6 @@ func (s *Session) forgottenWhileIdle() {
 		s.stopInit = nil
 	}
 	s.synth = nil
-	s.idleGrantGone()
 }
 
 // openGate lets held messages go. Caller holds s.mu.

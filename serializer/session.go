@@ -51,19 +51,12 @@ type Session struct {
 	nextWrite  storeOp       // the write to send once that one is answered; writeNone if none
 	retryPause time.Duration // while the write on its way fails: the last pause before a try,
 	retried    time.Duration // and all of them since it last succeeded
-	changed    chan struct{} // closed when another instance announces a change (remote.go)
-
-	// With cluster turns only, written in turn.go only.
-	clusterGrant *turnGrant // the session's cluster turn, while this instance holds it
-	askToken     string     // the token the slot's holder asks for it under
-	wantHeard    time.Time  // when another instance's ask was heard meanwhile
 }
 
 // waiter is a request waiting for its turn.
 type waiter struct {
 	traits   Traits
 	src      SynthSource   // nil unless the caller gave one
-	arrived  time.Time     // when the request reached this instance
 	ready    chan struct{} // closed once decided
 	err      error         // the decision: nil is a turn
 	overtake bool          // the turn is outside the slot (RepliesOnly)
@@ -78,7 +71,6 @@ type Turn struct {
 	begins   bool          // the initialize exchange that created the session
 	held     bool          // at the gate, waiting for initialized
 	waited   time.Duration // before the turn; 0 when it went straight through
-	grant    *turnGrant    // the cluster turn it runs under, if any (turn.go)
 }
 
 // Streaming records that the response is an event stream, which lets
@@ -120,46 +112,16 @@ func (t Turn) Done(status int) {
 // release gives the slot back without any effect of an upstream answer.
 func (t Turn) release() { t.end(nil) }
 
-// end ends the turn's exchange: its cluster turn handed on if another
-// instance waits for it, answered's effects on the session (nil: none),
-// and the slot passed on.
+// end ends the turn's exchange: answered's effects on the session (nil:
+// none), then the slot passed on.
 func (t Turn) end(answered func()) {
 	s := t.s
 	s.mu.Lock()
-	// Before the slot passes on: whether to hand on depends on who is next.
-	handOn := t.grant != nil && s.grantEnded(t.grant)
 	if answered != nil {
 		answered()
 	}
 	s.exchangeEnded(t.overtake)
 	s.mu.Unlock()
-	if handOn {
-		s.releaseGrant(t.grant)
-	}
-}
-
-// Clustered reports whether the turn runs under a cluster turn, which may
-// lapse before the exchange ends (see StopOnLapse).
-func (t Turn) Clustered() bool { return t.grant != nil }
-
-// StopOnLapse gives the turn a way to stop its exchange upstream, which
-// it calls if the exchange's cluster turn may lapse before it ends (the
-// engine cannot be reached to renew it, or gave it to another instance):
-// another instance may then start the session's next exchange.
-func (t Turn) StopOnLapse(stop func()) {
-	g := t.grant
-	if g == nil {
-		return
-	}
-	t.s.mu.Lock()
-	lost := g.lost
-	if !lost {
-		g.stop = stop
-	}
-	t.s.mu.Unlock()
-	if lost {
-		stop()
-	}
 }
 
 // Overtook reports whether the turn went ahead of the in-flight exchange.
@@ -168,7 +130,7 @@ func (t Turn) Overtook() bool { return t.overtake }
 // enter waits for the request's turn in s: at once, beside the slot's
 // holder, or in the line until dispatch grants it, queue_timeout passes
 // or ctx ends.
-func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, arrival time.Time) (Turn, error) {
+func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Turn, error) {
 	cfg := s.table.config()
 	if err := ctx.Err(); err != nil {
 		return Turn{}, err
@@ -186,7 +148,7 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, arr
 		s.mu.Unlock()
 		return Turn{s: s, traits: traits}, nil
 	}
-	w := &waiter{traits: traits, src: src, arrived: arrival, ready: make(chan struct{})}
+	w := &waiter{traits: traits, src: src, ready: make(chan struct{})}
 	s.waitInLine(w)
 	held := !s.admits(traits) && !s.lookingUp
 	if held {

@@ -826,21 +826,69 @@ func TestAGateHeldPastGateReadAfterOpensWhenTheRecordSaysOpen(t *testing.T) {
 	if n := store.count("Lookup"); n != lookups {
 		t.Fatalf("%d reads of the record before GateReadAfter, want none", n-lookups)
 	}
-	var r result
-	for step := 0; ; step++ {
-		clock.Advance(readAfter / 5)
-		select {
-		case r = <-toolsList:
-		case <-time.After(20 * time.Millisecond):
-			if step < 50 {
-				continue
-			}
-			t.Fatal("the held request stayed held after the record opened")
-		}
-		break
-	}
+	r := resultAsTheClockMoves(t, clock, toolsList, readAfter/5, "the held request stayed held after the record opened")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
 	r.turn.Done(200)
+}
+
+// A record gone (Redis restarted without its data) counts as open, as at
+// a first sight: a request held at its gate goes at the next read.
+func TestAHeldRequestGoesWhenTheRecordIsLost(t *testing.T) {
+	const readAfter = 500 * time.Millisecond
+	store := newFakeStore()
+	tabs, clock := newInstances(t, 1, store, func(c *Config) { c.GateReadAfter = readAfter })
+	store.put("s", Record{InitDeadline: clock.Now().Add(time.Hour)}) // created elsewhere
+	held := acquireAsync(t, tabs[0], bg, "s", 0)
+	eventually(t, func() bool { return adoptionDone(tabs[0], "s") })
+	mustWait(t, held)
+	store.mu.Lock()
+	delete(store.records, "s")
+	store.mu.Unlock()
+	r := resultAsTheClockMoves(t, clock, held, readAfter/5, "the request stayed held after the record was lost (until init_timeout)")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.turn.Done(200)
+}
+
+// Without GateReadAfter a held request costs no read: behind a front that
+// keeps a session on one instance, the notifications/initialized that
+// opens the gate comes there.
+func TestAHeldRequestCostsNoReadWithoutGateReadAfter(t *testing.T) {
+	store := newFakeStore()
+	tabs, clock := newInstances(t, 2, store, nil)
+	initialize, _ := tabs[0].Begin("s", nil)
+	initialize.Done(200)
+	eventually(t, func() bool { rec, _ := store.record("s"); return !rec.InitializeInFlight })
+	setLevel := acquireAsync(t, tabs[1], bg, "s", 0)
+	eventually(t, func() bool { return adoptionDone(tabs[1], "s") })
+	lookups := store.count("Lookup") // the first sight's
+	initialized := mustGet(t, acquireAsync(t, tabs[1], bg, "s", CarriesInitialized))
+	for range 5 {
+		clock.Advance(time.Second)
+	}
+	mustWait(t, setLevel)
+	initialized.turn.Done(202)
+	mustGet(t, setLevel).turn.Done(200)
+	if n := store.count("Lookup"); n != lookups {
+		t.Fatalf("%d lookups while the request was held, want none", n-lookups)
+	}
+}
+
+// resultAsTheClockMoves moves the clock on by step until ch has a result,
+// failing with why after 50 steps.
+func resultAsTheClockMoves(t *testing.T, clock *fakeClock, ch <-chan result, step time.Duration, why string) result {
+	t.Helper()
+	for range 50 {
+		clock.Advance(step)
+		select {
+		case r := <-ch:
+			return r
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatal(why)
+	return result{}
 }

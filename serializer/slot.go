@@ -13,17 +13,14 @@ package serializer
 //     the slot (lookupHoldsSlot), so that requests arriving meanwhile
 //     queue in arrival order;
 //   - slotStreaming: the exchange's response is an event stream
-//     (responseStreams), which may wait for the client's replies;
-//   - slotAskingTurn: the request waits for the session's cluster turn
-//     (turnAskBegan), which an exchange on another instance may hold while
-//     it waits for the client's replies.
+//     (responseStreams), which may wait for the client's replies.
 //
 // When may a request overtake? A message carrying only replies or
-// cancellations goes beside the holder while it streams or asks for its
-// turn, once the gate is open (canOvertake). Every other request waits
-// for the free slot in arrival order, and only for one its gate admits.
-// dispatch hands out whatever turns the state allows; every transition
-// that can free a turn ends with it.
+// cancellations goes beside the holder while it streams, once the gate
+// is open (canOvertake). Every other request waits for the free slot in
+// arrival order, and only for one its gate admits. dispatch hands out
+// whatever turns the state allows; every transition that can free a turn
+// ends with it.
 
 type slotState uint8
 
@@ -31,7 +28,6 @@ const (
 	slotFree slotState = iota
 	slotExchange
 	slotStreaming
-	slotAskingTurn
 )
 
 // arrival is what becomes of a request that reaches the session.
@@ -46,7 +42,7 @@ const (
 // canOvertake reports whether a request with these traits may go beside
 // the slot's holder. Caller holds s.mu.
 func (s *Session) canOvertake(t Traits) bool {
-	return t.Has(RepliesOnly) && (s.slot == slotStreaming || s.slot == slotAskingTurn) && s.gate == gateOpen
+	return t.Has(RepliesOnly) && s.slot == slotStreaming && s.gate == gateOpen
 }
 
 // initializeBegan: Begin's initialize exchange holds the slot of the
@@ -111,22 +107,6 @@ func (s *Session) stopWaiting(w *waiter, err error) {
 func (s *Session) responseStreams() {
 	s.slot = slotStreaming
 	s.dispatch()
-}
-
-// turnAskBegan: the holder asks for the session's cluster turn, which an
-// exchange its waiting replies answer may hold elsewhere. Caller holds
-// s.mu.
-func (s *Session) turnAskBegan() {
-	s.slot = slotAskingTurn
-	s.dispatch()
-}
-
-// turnAskEnded: the holder has its cluster turn, goes without one, or
-// gave up. Caller holds s.mu.
-func (s *Session) turnAskEnded() {
-	if s.slot == slotAskingTurn {
-		s.slot = slotExchange
-	}
 }
 
 // exchangeEnded: an exchange has ended, or its request left before it

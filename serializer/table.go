@@ -38,14 +38,11 @@ type Table struct {
 	// guarded by mu), and whether one is still running.
 	touchedAt int64
 	touching  atomic.Bool
-
-	remote remoteWaits // sessions waiting on another instance
-	tokens turnTokens  // for asking for cluster turns
 }
 
 // NewTable returns a table with its janitor running; Close stops it.
 func NewTable(cfg Config) *Table {
-	t := &Table{clock: cfg.Clock, stop: make(chan struct{}), sessions: map[string]*Session{}, tokens: newTurnTokens()}
+	t := &Table{clock: cfg.Clock, stop: make(chan struct{}), sessions: map[string]*Session{}}
 	if t.clock == nil {
 		t.clock = systemClock{}
 	}
@@ -64,7 +61,6 @@ func (t *Table) Configure(cfg Config) {
 		cfg.Events = noEvents{}
 	}
 	cfg.Clock = t.clock
-	t.watch(cfg.Watcher)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.cfg.Store(&cfg)
@@ -80,9 +76,7 @@ func (t *Table) Close() {
 	default:
 		close(t.stop)
 	}
-	t.unwatch()
 	t.closed.Wait()
-	t.handOnIdleTurns()
 }
 
 // Len returns the number of sessions tracked.
@@ -128,29 +122,17 @@ func (t *Table) Acquire(ctx context.Context, id string, traits Traits) (Turn, er
 // StoreTimeout) leaves it queue only. A session known here never costs a
 // Store call per request.
 func (t *Table) AcquireFrom(ctx context.Context, id string, traits Traits, src SynthSource) (Turn, error) {
-	start := t.clock.Now()
-	return t.takeTurn(ctx, t.ref(id, true), traits, src, start)
+	return t.takeTurn(ctx, t.ref(id, true), traits, src)
 }
 
-// takeTurn waits for a request's turn in s, which it holds a reference to:
-// here, then, with Turns, across instances. The reference is dropped
-// unless a turn is returned.
-func (t *Table) takeTurn(ctx context.Context, s *Session, traits Traits, src SynthSource, start time.Time) (Turn, error) {
-	turn, err := s.enter(ctx, traits, src, start)
-	if err == nil && !turn.overtake {
-		turn.grant, err = s.clusterTurn(ctx, traits, start, turn.waited)
-		if err != nil {
-			turn.release()
-			turn = Turn{waited: turn.waited}
-		} else if turn.grant != nil {
-			turn.waited = t.clock.Now().Sub(start)
-		}
-	}
+// takeTurn waits for a request's turn in s, which it holds a reference to.
+// The reference is dropped unless a turn is returned.
+func (t *Table) takeTurn(ctx context.Context, s *Session, traits Traits, src SynthSource) (Turn, error) {
+	turn, err := s.enter(ctx, traits, src)
 	if err != nil {
 		s.unref()
 		return turn, err
 	}
-	// The whole wait, here and for the cluster turn.
 	t.config().Events.Waited(turn.waited)
 	return turn, nil
 }
@@ -158,13 +140,12 @@ func (t *Table) takeTurn(ctx context.Context, s *Session, traits Traits, src Syn
 // AcquireKeyed waits for the request's turn in the queue of key, a value
 // the caller derives from a session-less request (an MCP 2026-07-28
 // handle): one at a time per key, in arrival order, with a session's
-// bounds and, with Turns, across instances; never gated, and never looked
-// up in the Store, since no instance creates a record for it. Keys share
-// the table, and MaxSessions, with sessions: the caller keeps the two
-// apart (no session id can equal a key it makes).
+// bounds; never gated, and never looked up in the Store, since no
+// instance creates a record for it. Keys share the table, and
+// MaxSessions, with sessions: the caller keeps the two apart (no session
+// id can equal a key it makes).
 func (t *Table) AcquireKeyed(ctx context.Context, key string, traits Traits) (Turn, error) {
-	start := t.clock.Now()
-	return t.takeTurn(ctx, t.refKey(key), traits, nil, start)
+	return t.takeTurn(ctx, t.refKey(key), traits, nil)
 }
 
 // AcquireSynthesized waits for the turn of a notifications/initialized

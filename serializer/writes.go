@@ -33,7 +33,7 @@ type WriteQueue interface {
 	// and return at once, without calling back into the table; false when
 	// the queue does not take it (the table then calls the Store itself).
 	// done is called once with the Store's answer, outside any of the
-	// queue's locks. With a Watcher, an Opened is announced once written.
+	// queue's locks.
 	QueueInitializeEnded(id string, done func(error)) bool
 	QueueOpened(id string, done func(error)) bool
 	QueueForget(id string, done func(error)) bool

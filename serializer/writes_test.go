@@ -222,32 +222,3 @@ func TestQueuedWriteThatFailsIsQueuedAgainAfterAPause(t *testing.T) {
 	})
 	eventually(t, func() bool { return writesAnswered(s) })
 }
-
-// queueingTurns is a queueing store with cluster turns.
-type queueingTurns struct {
-	*memTurns
-	q *queueingStore
-}
-
-func (t *queueingTurns) QueueInitializeEnded(id string, done func(error)) bool {
-	return t.q.QueueInitializeEnded(id, done)
-}
-func (t *queueingTurns) QueueOpened(id string, done func(error)) bool {
-	return t.q.QueueOpened(id, done)
-}
-func (t *queueingTurns) QueueForget(id string, done func(error)) bool {
-	return t.q.QueueForget(id, done)
-}
-
-// With cluster turns too, a store that queues writes gets them through
-// its queue (it announces an Opened itself, once written).
-func TestWritesWithClusterTurnsGoToAQueueingStoreToo(t *testing.T) {
-	clock := newFakeClock()
-	turns := newMemTurns(clock, false)
-	store := &queueingTurns{memTurns: turns, q: &queueingStore{fakeStore: turns.fakeStore}}
-	tab, _ := newTestTable(t, func(c *Config) { c.Store, c.Turns, c.Writes, c.Watcher = store, store, store, store })
-	runSession(t, tab, "s")
-	if got, want := store.q.queuedLog(), []string{"InitializeEnded s", "Opened s", "Forget s"}; !slices.Equal(got, want) {
-		t.Fatalf("queued %q, want %q", got, want)
-	}
-}

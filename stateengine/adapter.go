@@ -42,15 +42,12 @@ type Adapter struct {
 	slots    chan struct{} // one per engine call not yet returned
 	notFound *notFoundCache
 
-	batch  func(context.Context, []*Write, time.Duration) // Abilities.Batch
-	writes writeQueue                                     // with batch: the writes not sent yet
-	// announceOpened makes an Opened also tell every instance, in the same
-	// call (order cluster: requests held at the gate elsewhere go at once).
-	announceOpened bool
-	takeOver       func(ctx context.Context, key, from, to string) (string, bool, error) // Abilities.TakeOver
-	claimOwner     func(ctx context.Context, key, me string, ttl time.Duration) (string, error)
-	markRunning    func(ctx context.Context, key, me string, life time.Duration) error
-	runningFor     func(ctx context.Context, key string) (time.Duration, error)
+	batch       func(context.Context, []*Write, time.Duration)                               // Abilities.Batch
+	writes      writeQueue                                                                   // with batch: the writes not sent yet
+	takeOver    func(ctx context.Context, key, from, to string) (string, bool, error)        // Abilities.TakeOver
+	claimOwner  func(ctx context.Context, key, me string, ttl time.Duration) (string, error) // Abilities.ClaimOwner
+	markRunning func(ctx context.Context, key, me string, life time.Duration) error          // Abilities.MarkRunning
+	runningFor  func(ctx context.Context, key string) (time.Duration, error)                 // Abilities.RunningFor
 
 	errors [NumOps]prometheus.Counter
 	warns  [NumOps]warnlimit.Limiter
@@ -119,7 +116,7 @@ func (s *Adapter) InitializeEnded(ctx context.Context, id string) error {
 
 func (s *Adapter) Opened(ctx context.Context, id string) error {
 	if s.batch != nil {
-		return s.write(ctx, id, &Write{Op: OpOpened, Key: serializer.StoreKey(id), Announce: s.announceOpened})
+		return s.write(ctx, id, &Write{Op: OpOpened, Key: serializer.StoreKey(id)})
 	}
 	_, err := bounded(s, ctx, OpOpened, id, serializer.StoreKey(id), func(ctx context.Context, key string) (struct{}, error) {
 		return struct{}{}, s.engine.Opened(ctx, key, s.ttl)

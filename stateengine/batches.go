@@ -139,7 +139,7 @@ func (s *Adapter) QueueInitializeEnded(id string, done func(error)) bool {
 
 // QueueOpened is Opened with nobody waiting.
 func (s *Adapter) QueueOpened(id string, done func(error)) bool {
-	return s.queue(id, &Write{Op: OpOpened, Key: serializer.StoreKey(id), Announce: s.announceOpened}, done)
+	return s.queue(id, &Write{Op: OpOpened, Key: serializer.StoreKey(id)}, done)
 }
 
 // QueueForget is Forget with nobody waiting, "not found" remembered as

@@ -62,10 +62,6 @@ type Abilities struct {
 	// the writes of concurrent calls into one batch, and takes a
 	// session's later writes with nobody waiting for them.
 	Batch func(ctx context.Context, ws []*Write, ttl time.Duration)
-	// Turns, when set, keeps cluster turns and announces changes to
-	// every instance: what `order cluster` needs. Caddy's storage has no
-	// atomic update to keep a turn line with, so its engine has none.
-	Turns TurnKeeper
 	// TakeOver, when set, records to as the owner of the record at key
 	// if from still is (or none is), atomically, and returns the owner
 	// recorded then: what `order owner` needs (package owner). found is
@@ -88,21 +84,6 @@ type Abilities struct {
 	RunningFor  func(ctx context.Context, key string) (time.Duration, error)
 }
 
-// TurnKeeper keeps cluster turns by key (serializer.TurnStore, with keys
-// instead of ids) and announces changes to every instance
-// (serializer.Watcher).
-type TurnKeeper interface {
-	TakeTurn(ctx context.Context, key, token string, age, lease, claim time.Duration) (serializer.TurnState, time.Duration, error)
-	ClaimTurn(ctx context.Context, key, token string, age, lease, claim time.Duration, nudge bool) (serializer.TurnState, time.Duration, error)
-	RenewTurn(ctx context.Context, key, token string, lease time.Duration) (held bool, behind time.Duration, err error)
-	ReleaseTurn(ctx context.Context, key, token string, claim time.Duration) error
-	// Watch calls changed for every announcement (serializer.Watcher).
-	Watch(changed func(key, asker string, waited time.Duration)) (stop func())
-	// Announcing reports whether announcements work (an ACL may deny the
-	// channel).
-	Announcing() bool
-}
-
 // Op is one call to an engine, the value of the op label of
 // caddy_mcp_serializer_state_errors_total.
 type Op uint8
@@ -114,11 +95,6 @@ const (
 	OpTouch
 	OpForget
 	OpLookup
-	// Cluster turns.
-	OpTake
-	OpClaim
-	OpRenew
-	OpRelease
 	// Owners.
 	OpTakeOver
 	OpClaimOwner
@@ -128,8 +104,7 @@ const (
 )
 
 var opNames = [NumOps]string{"created", "initialize_ended", "opened", "touch", "forget", "lookup",
-	"take", "claim", "renew", "release", "take_over", "claim_owner",
-	"mark_running", "running_for"}
+	"take_over", "claim_owner", "mark_running", "running_for"}
 
 func (o Op) String() string { return opNames[o] }
 
@@ -139,7 +114,6 @@ type Write struct {
 	Key      string
 	Deadline time.Time // OpCreated's init deadline
 	Owner    string    // OpCreated: the session's owner, "" for none
-	Announce bool      // OpOpened: tell every instance (order cluster)
 	Err      error     // the engine's answer
 
 	// The adapter's, while the write waits for its batch.

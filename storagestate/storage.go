@@ -144,7 +144,7 @@ func (s *Engine) Cleanup() error {
 }
 
 // Abilities: none beyond the calls; Caddy's storage has no atomic update
-// to keep a turn line with.
+// to record an owner with.
 func (s *Engine) Abilities() stateengine.Abilities { return stateengine.Abilities{} }
 
 // CallTimeout bounds each call.
