@@ -39,10 +39,9 @@ func startRoundRobinCluster(t *testing.T, r *redisServer) *cluster {
 }
 
 // One instance killed (SIGKILL) in the middle of a run behind round robin:
-// the turns it held pass to the other instances when their lease or claim
-// window runs out, so every wait ends within its bound, the connects hit
-// fail with clear errors only, and the two left serve the next 100 connects
-// without failure.
+// the others take its sessions over, so every wait ends within its bound,
+// the connects hit fail with clear errors only, and the two left serve the
+// next 100 connects without failure.
 func TestClusterRoundRobinInstanceKilledMidRun(t *testing.T) {
 	prerequisites(t)
 	c := startRoundRobinCluster(t, startRedis(t))

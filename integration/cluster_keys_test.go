@@ -87,9 +87,9 @@ func cartRacesInBackground(t *testing.T, c *cluster) (stop func() []timedCartRac
 }
 
 // Parallel calls on one cart handle through three instances behind round
-// robin, the instances keyed on the handle: with order cluster (the
-// default with state redis) they run one at a time across the instances
-// and no update is lost; with order local each instance orders only its
+// robin, the instances keyed on the handle: with order owner (the default
+// with state redis) they run one at a time, at the first instance that met
+// the handle, and no update is lost; with order local each instance orders only its
 // own share, calls on different instances overlap in PHP and updates are
 // lost (which shows the race is there to be stopped).
 func TestClusterRoundRobinRunsCallsOnOneHandleOneAtATime(t *testing.T) {
@@ -100,7 +100,7 @@ func TestClusterRoundRobinRunsCallsOnOneHandleOneAtATime(t *testing.T) {
 
 	c := startCluster(t, clusterOptions{State: state, Key: cartKey, Balancer: caddyRoundRobin})
 	for i := 0; i < 3; i++ {
-		wantNoLostUpdate(t, "order cluster, race "+strconv.Itoa(i+1), runCartRace(t, c))
+		wantNoLostUpdate(t, "order owner, race "+strconv.Itoa(i+1), runCartRace(t, c))
 	}
 	if errs := nonZero(c.stateErrors(t)); len(errs) != 0 {
 		t.Errorf("failed state calls: %v", errs)
