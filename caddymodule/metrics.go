@@ -28,6 +28,7 @@ var metrics = struct {
 	evictedInit prometheus.Counter // evictions{gate="initializing"}
 	stateErrors *prometheus.CounterVec
 	forwards    *prometheus.CounterVec
+	forwardTime prometheus.Histogram
 	takeovers   prometheus.CounterFunc
 }{}
 
@@ -74,6 +75,11 @@ func init() {
 		Namespace: ns, Subsystem: sub, Name: "forwards_total",
 		Help: "Requests sent to the instance owning their session (order owner), by result: forwarded (answered by the owner), unreachable (not dialed: taken over), not_owner (the instance there no longer serves the session: taken over), failed (sent, then no answer).",
 	}, []string{"result"})
+	metrics.forwardTime = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "forward_seconds",
+		Help:    "Time from sending a request to its session's owner to the owner's response headers (order owner): the hop and the owner's queue and upstream.",
+		Buckets: []float64{0.0005, 0.001, 0.005, 0.025, 0.1, 0.5, 1, 2.5, 10, 30},
+	})
 	metrics.takeovers = prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "takeovers_total",
 		Help: "Sessions this instance took over from an owner that did not answer (order owner).",
@@ -87,7 +93,7 @@ func registerMetrics(registry *prometheus.Registry) {
 	for _, c := range []prometheus.Collector{
 		metrics.sessions, metrics.queueWait, metrics.gateHolds, metrics.gateTimeout,
 		metrics.rejections, metrics.bypasses, metrics.evictions, metrics.stateErrors,
-		metrics.forwards, metrics.takeovers,
+		metrics.forwards, metrics.forwardTime, metrics.takeovers,
 	} {
 		if err := registry.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -171,7 +171,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner)
 	}
 	repl.Set(placeholderOwner, o.Addr)
 	repl.Set(placeholderOwnerID, o.ID)
-	ow := &ownerReplyWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, header: http.Header{}}
+	ow := &ownerReplyWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, header: http.Header{}, sent: time.Now()}
 	err := h.forwarder.ServeHTTP(ow, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
 	var dial reverseproxy.DialError
 	switch {
@@ -204,6 +204,7 @@ type ownerReplyWriter struct {
 	header   http.Header
 	wrote    bool // the status went to the client
 	notOwner bool
+	sent     time.Time // when the request went to the owner
 }
 
 func (w *ownerReplyWriter) Header() http.Header {
@@ -227,6 +228,7 @@ func (w *ownerReplyWriter) WriteHeader(status int) {
 	maps.Copy(w.ResponseWriter.Header(), w.header)
 	if status >= 200 {
 		w.wrote = true
+		metrics.forwardTime.Observe(time.Since(w.sent).Seconds())
 	} else {
 		clear(w.header) // an informational answer's headers are its own
 	}
