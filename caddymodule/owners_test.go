@@ -202,12 +202,11 @@ func scrapeMetric(t testing.TB, site, series string) float64 {
 	return 0
 }
 
-// A reload that changes how Redis is reached (a new client on every
-// instance) while a forwarded tool call runs at the owner: the call goes on
-// to its end, and the session's next request is forwarded with the new
-// config.
-func TestAReloadChangingTheRedisConnectionCutsNoForwardedCall(t *testing.T) {
-	release := make(chan struct{})
+// startWithLongSession starts two owner instances in front of an upstream
+// whose tool call "block" runs until release is closed, and opens session
+// s-long on instance a.
+func startWithLongSession(t *testing.T, release <-chan struct{}) (*upstream, *ownerInstances) {
+	t.Helper()
 	up, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		w.Header().Set("Content-Type", "application/json")
 		if strings.Contains(string(body), `"initialize"`) {
@@ -222,12 +221,20 @@ func TestAReloadChangingTheRedisConnectionCutsNoForwardedCall(t *testing.T) {
 		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
 	})
 	in := startOwnerInstances(t, addr)
-	resp := post(t, in.a, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)
-	resp.Body.Close()
-	resp = post(t, in.a, "s-long", `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
-	resp.Body.Close()
+	post(t, in.a, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`).Body.Close()
+	post(t, in.a, "s-long", `{"jsonrpc":"2.0","method":"notifications/initialized"}`).Body.Close()
 	up.next(t)
 	up.next(t)
+	return up, in
+}
+
+// A reload that changes how Redis is reached (a new client on every
+// instance) while a forwarded tool call runs at the owner: the call goes on
+// to its end, and the session's next request is forwarded with the new
+// config.
+func TestAReloadChangingTheRedisConnectionCutsNoForwardedCall(t *testing.T) {
+	release := make(chan struct{})
+	up, in := startWithLongSession(t, release)
 
 	// b learns the owner from the record, written as initialize ends; on a
 	// slow machine it may land after the answer.
@@ -256,7 +263,7 @@ func TestAReloadChangingTheRedisConnectionCutsNoForwardedCall(t *testing.T) {
 		t.Fatal("the forwarded call did not end within 30s")
 	}
 
-	resp = post(t, in.b, "s-long", `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
+	resp := post(t, in.b, "s-long", `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("the next request after the reload: %s", resp.Status)
@@ -325,24 +332,7 @@ func processCPU() time.Duration {
 // clears it at its end: no mark goes to the client the reload closed.
 func TestALongCallKeepsItsRunningMarkAcrossAReload(t *testing.T) {
 	release := make(chan struct{})
-	up, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		w.Header().Set("Content-Type", "application/json")
-		if strings.Contains(string(body), `"initialize"`) {
-			w.Header().Set("Mcp-Session-Id", "s-long")
-		}
-		if strings.Contains(string(body), "block") {
-			select {
-			case <-release:
-			case <-time.After(20 * time.Second):
-			}
-		}
-		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
-	})
-	in := startOwnerInstances(t, addr)
-	post(t, in.a, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`).Body.Close()
-	post(t, in.a, "s-long", `{"jsonrpc":"2.0","method":"notifications/initialized"}`).Body.Close()
-	up.next(t)
-	up.next(t)
+	up, in := startWithLongSession(t, release)
 
 	const markErrors = `caddy_mcp_serializer_state_errors_total{op="mark_running"}`
 	before := scrapeMetric(t, in.a, markErrors)
