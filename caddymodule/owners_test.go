@@ -359,3 +359,74 @@ func TestALongCallKeepsItsRunningMarkAcrossAReload(t *testing.T) {
 		t.Fatalf("%v running marks failed across the reload", n)
 	}
 }
+
+// redisCalls counts the commands Redis has run for the module: its
+// scripts, lookups and deletes (a client's connection handshake and the
+// INFO that asks are left out).
+func redisCalls(t *testing.T, r *redis.Client) int {
+	t.Helper()
+	info, err := r.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		switch strings.TrimPrefix(name, "cmdstat_") {
+		case "evalsha", "eval", "hmget", "hget", "del":
+		default:
+			continue
+		}
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
+		c, _ := strconv.Atoi(calls)
+		n += c
+	}
+	return n
+}
+
+// Behind a front that keeps a session on one instance, its requests cost
+// no Redis command, however far apart they come; an instance meeting the
+// session for the first time asks once, then knows.
+func TestASessionsRequestsCostNoRedisCommandAtAnyPacing(t *testing.T) {
+	up, addr := newUpstream(t, mcpAnswer("paced", nil))
+	in := startOwnerInstances(t, addr)
+	post(t, in.a, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`).Body.Close()
+	post(t, in.a, "paced", `{"jsonrpc":"2.0","method":"notifications/initialized"}`).Body.Close()
+	up.next(t)
+	up.next(t)
+	key := "mcp_serializer:" + serializer.StoreKey("paced")
+	wait.Until(t, "the session's record is open", func() bool {
+		open, _ := in.redis.HGet(context.Background(), key, "open").Result()
+		return open == "1"
+	})
+	list := func(site string) {
+		t.Helper()
+		resp := post(t, site, "paced", `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("tools/list: %s", resp.Status)
+		}
+	}
+	for _, gap := range []time.Duration{0, time.Second, 5 * time.Second} {
+		time.Sleep(gap)
+		before := redisCalls(t, in.redis)
+		list(in.a)
+		if n := redisCalls(t, in.redis) - before; n != 0 {
+			t.Fatalf("a request %v after the last cost %d Redis commands on its owner, want 0", gap, n)
+		}
+	}
+	before := redisCalls(t, in.redis)
+	list(in.b)
+	if n := redisCalls(t, in.redis) - before; n != 1 {
+		t.Fatalf("the first request on another instance cost %d Redis commands, want 1 (the owner's lookup)", n)
+	}
+	time.Sleep(time.Second)
+	before = redisCalls(t, in.redis)
+	list(in.b)
+	if n := redisCalls(t, in.redis) - before; n != 0 {
+		t.Fatalf("a later request on that instance cost %d Redis commands, want 0", n)
+	}
+}
