@@ -27,15 +27,23 @@ const faultConnectBound = clusterInitTimeout + 9*time.Second
 // to outlast the fault (MCP_SERIALIZER_CLUSTER_N raises it).
 const roundRobinFaultsN = 300
 
+// roundRobinFronts are the fronts the fault tests run behind: Caddy's
+// round robin and nginx's.
+var roundRobinFronts = []balancer{caddyRoundRobin, nginxRoundRobin}
+
 // startRoundRobinCluster starts three instances with `state redis` on r
-// (and so `order owner`) behind a Caddy front with lb_policy round_robin, which
-// leaves a dead instance out as the hashing front of
-// TestClusterInstanceKilledMidRun does.
-func startRoundRobinCluster(t *testing.T, r *redisServer) *cluster {
+// (and so `order owner`) behind front; a Caddy front leaves a dead
+// instance out as the hashing front of TestClusterInstanceKilledMidRun
+// does, nginx retries the next instance on a refused connection.
+func startRoundRobinCluster(t *testing.T, r *redisServer, front balancer) *cluster {
 	t.Helper()
 	requireModule(t, redisStateModule)
 	requireOrderOwner(t)
-	return startCluster(t, clusterOptions{State: redisState(r), Balancer: caddyRoundRobin, Front: deadInstanceFront})
+	opts := clusterOptions{State: redisState(r), Balancer: front}
+	if front == caddyRoundRobin {
+		opts.Front = deadInstanceFront
+	}
+	return startCluster(t, opts)
 }
 
 // One instance killed (SIGKILL) in the middle of a run behind round robin:
@@ -44,45 +52,50 @@ func startRoundRobinCluster(t *testing.T, r *redisServer) *cluster {
 // next 100 connects without failure.
 func TestClusterRoundRobinInstanceKilledMidRun(t *testing.T) {
 	prerequisites(t)
-	c := startRoundRobinCluster(t, startRedis(t))
+	for _, front := range roundRobinFronts {
+		t.Run(front.String(), func(t *testing.T) {
+			c := startRoundRobinCluster(t, startRedis(t), front)
+			wait, done := pipelineInBackground(t, c, front.String()+", instance killed mid-run", clusterN(t, roundRobinFaultsN))
+			sleepUnlessDone(t, 2*time.Second, done, "the kill")
+			victim := c.Instances[1]
+			victim.kill(t)
+			t.Logf("killed %s", victim.Name)
+			res := wait()
+			wantBoundedThroughFault(t, c, res, crossedRepliesFail)
+			wantNothingStuck(t, c)
 
-	wait, done := pipelineInBackground(t, c, "round robin, instance killed mid-run", clusterN(t, roundRobinFaultsN))
-	sleepUnlessDone(t, 2*time.Second, done, "the kill")
-	victim := c.Instances[1]
-	victim.kill(t)
-	t.Logf("killed %s", victim.Name)
-	res := wait()
-	wantBoundedThroughFault(t, c, res, crossedRepliesFail)
-	wantNothingStuck(t, c)
-
-	after := runPipeline(t, c, "round robin, after the kill, two instances left", clusterN(t, 100))
-	wantNoFailure(t, after)
+			after := runPipeline(t, c, front.String()+", after the kill, two instances left", clusterN(t, 100))
+			wantNoFailure(t, after)
+		})
+	}
 }
 
 // Redis killed and started again (empty) in the middle of a run behind
-// round robin: the turn lines are lost with it, an asker the line no
-// longer knows asks again, a holder takes its line up again when it
-// renews, a request that cannot reach Redis goes
-// with this instance's order alone, and no wait outlasts its bound.
+// round robin: owners already known keep serving, a session whose owner
+// cannot be learned goes in its instance's order, and no wait outlasts its
+// bound.
 func TestClusterRoundRobinRedisRestartedMidRun(t *testing.T) {
 	prerequisites(t)
-	redis := startRedis(t)
-	c := startRoundRobinCluster(t, redis)
+	for _, front := range roundRobinFronts {
+		t.Run(front.String(), func(t *testing.T) {
+			redis := startRedis(t)
+			c := startRoundRobinCluster(t, redis, front)
+			wait, done := pipelineInBackground(t, c, front.String()+", redis restarted mid-run", clusterN(t, roundRobinFaultsN))
+			sleepUnlessDone(t, 2*time.Second, done, "stopping Redis")
+			redis.kill(t)
+			t.Logf("redis killed")
+			sleepUnlessDone(t, 2*time.Second, done, "restarting Redis")
+			redis.start(t)
+			t.Logf("redis restarted, empty")
+			res := wait()
+			wantBoundedThroughFault(t, c, res, crossedRepliesLogged)
+			wantNothingStuck(t, c)
+			wantStateErrorsCounted(t, c)
 
-	wait, done := pipelineInBackground(t, c, "round robin, redis restarted mid-run", clusterN(t, roundRobinFaultsN))
-	sleepUnlessDone(t, 2*time.Second, done, "stopping Redis")
-	redis.kill(t)
-	t.Logf("redis killed")
-	sleepUnlessDone(t, 2*time.Second, done, "restarting Redis")
-	redis.start(t)
-	t.Logf("redis restarted, empty")
-	res := wait()
-	wantBoundedThroughFault(t, c, res, crossedRepliesLogged)
-	wantNothingStuck(t, c)
-	wantStateErrorsCounted(t, c)
-
-	after := runPipeline(t, c, "round robin, after Redis came back", clusterN(t, 100))
-	wantNoFailure(t, after)
+			after := runPipeline(t, c, front.String()+", after Redis came back", clusterN(t, 100))
+			wantNoFailure(t, after)
+		})
+	}
 }
 
 // Redis unresponsive (SIGSTOP: connections accepted, nothing answered) for
@@ -91,25 +104,28 @@ func TestClusterRoundRobinRedisRestartedMidRun(t *testing.T) {
 // outlasts its bound.
 func TestClusterRoundRobinRedisUnresponsiveMidRun(t *testing.T) {
 	prerequisites(t)
-	redis := startRedis(t)
-	c := startRoundRobinCluster(t, redis)
+	for _, front := range roundRobinFronts {
+		t.Run(front.String(), func(t *testing.T) {
+			redis := startRedis(t)
+			c := startRoundRobinCluster(t, redis, front)
+			wait, done := pipelineInBackground(t, c, front.String()+", redis unresponsive mid-run", clusterN(t, roundRobinFaultsN))
+			sleepUnlessDone(t, 2*time.Second, done, "pausing Redis")
+			redis.signal(t, syscall.SIGSTOP)
+			t.Cleanup(func() { redis.signal(t, syscall.SIGCONT) }) // the cleanup's SIGTERM needs it running
+			pause := 6 * time.Second
+			t.Logf("redis paused for %v", pause)
+			sleepUnlessDone(t, pause, done, "resuming Redis")
+			redis.signal(t, syscall.SIGCONT)
+			t.Logf("redis resumed")
+			res := wait()
+			wantBoundedThroughFault(t, c, res, crossedRepliesLogged)
+			wantNothingStuck(t, c)
+			wantStateErrorsCounted(t, c)
 
-	wait, done := pipelineInBackground(t, c, "round robin, redis unresponsive mid-run", clusterN(t, roundRobinFaultsN))
-	sleepUnlessDone(t, 2*time.Second, done, "pausing Redis")
-	redis.signal(t, syscall.SIGSTOP)
-	t.Cleanup(func() { redis.signal(t, syscall.SIGCONT) }) // the cleanup's SIGTERM needs it running
-	pause := 6 * time.Second
-	t.Logf("redis paused for %v", pause)
-	sleepUnlessDone(t, pause, done, "resuming Redis")
-	redis.signal(t, syscall.SIGCONT)
-	t.Logf("redis resumed")
-	res := wait()
-	wantBoundedThroughFault(t, c, res, crossedRepliesLogged)
-	wantNothingStuck(t, c)
-	wantStateErrorsCounted(t, c)
-
-	after := runPipeline(t, c, "round robin, after Redis answered again", clusterN(t, 100))
-	wantNoFailure(t, after)
+			after := runPipeline(t, c, front.String()+", after Redis answered again", clusterN(t, 100))
+			wantNoFailure(t, after)
+		})
+	}
 }
 
 // signal sends sig to the server (SIGSTOP and SIGCONT pause and resume it).
