@@ -20,11 +20,11 @@ func (s *Session) watchGateIfHeld() {
 	go s.watchGate(cfg.Store, cfg.GateReadAfter)
 }
 
-// watchGate reads s's record once every has passed, and again after each
-// further every, until it says open or is missing (the gate then opens
-// here too) or nothing is held at the gate any more: the gate opened or
-// timed out here, or no request holds the session. A gate held for a slow
-// client so costs a few reads, not a stream of them.
+// watchGate reads s's record each time the period every has passed, until
+// the record says open or is missing (the gate then opens here too) or
+// nothing is held at the gate any more: the gate opened or timed out here,
+// or no request holds the session. A gate held for a slow client so costs
+// a few reads, not a stream of them.
 func (s *Session) watchGate(store Store, every time.Duration) {
 	t := s.table
 	for t.pause(every) {
