@@ -153,6 +153,22 @@ func (h *Handler) hereAddr(r *http.Request) string {
 	return ""
 }
 
+// noOwnerWarns spaces the WARN lines about sessions created without an
+// owner.
+var noOwnerWarns warnlimit.Limiter
+
+// warnNoOwner says, at most once per interval, that a session was created
+// where no other instance could reach it (over TLS, or on a unix socket),
+// so that its requests go in the order of each instance they reach.
+func (h *Handler) warnNoOwner(r *http.Request) {
+	if ok, suppressed := noOwnerWarns.Allow(time.Now()); ok {
+		h.logger.Warn("order owner: this session records no owner, so its requests reaching other instances are not ordered with it: "+
+			"it came over TLS or a unix socket, and the hop to an owner is plain HTTP; "+
+			"set advertise to a plain-HTTP host:port of this instance, or use a front that hashes Mcp-Session-Id",
+			zap.Bool("tls", r.TLS != nil), zap.Int("suppressed", suppressed))
+	}
+}
+
 // What a forward came to.
 type forwardResult uint8
 

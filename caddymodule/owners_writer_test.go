@@ -1,13 +1,22 @@
 package caddymodule
 
 import (
+	"context"
+	"crypto/tls"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
+	"github.com/mcpserializer/caddy-mcp-serializer/owner"
 )
 
 // An instance's "not the owner" answer never reaches the client, however
@@ -42,5 +51,36 @@ func TestAnAnswerMarkedNotOwnerIsKeptFromTheClient(t *testing.T) {
 				t.Fatalf("an unmarked answer: status %d, headers %v, body %q", rec.Code, rec.Header(), rec.Body)
 			}
 		})
+	}
+}
+
+// A session created over TLS without advertise records no owner (the hop
+// is plain HTTP), and the log says so, at most once per interval, with what
+// to do; one created over plain HTTP records this instance.
+func TestASessionCreatedOverTLSWithoutAdvertiseWarnsThatItHasNoOwner(t *testing.T) {
+	noOwnerWarns = warnlimit.Limiter{}
+	h := newBareHandler(t, defaultMaxBody)
+	core, logs := observer.New(zap.WarnLevel)
+	h.logger = zap.New(core)
+	h.owners = owner.NewDirectory(owner.NewID(), 100, time.Hour, time.Minute, nil)
+	create := func(id string, tlsState *tls.ConnectionState) {
+		t.Helper()
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		r.TLS = tlsState
+		r = r.WithContext(context.WithValue(r.Context(), http.LocalAddrContextKey, &net.TCPAddr{IP: net.IPv4(10, 0, 0, 5), Port: 8443}))
+		turn := h.beginSession(http.StatusOK, http.Header{"Mcp-Session-Id": {id}}, r, newRequestInfo(r, ""))
+		turn.Done(http.StatusOK)
+	}
+	create("over-tls", &tls.ConnectionState{})
+	create("over-tls-again", &tls.ConnectionState{})
+	if logs.Len() != 1 || !strings.Contains(logs.All()[0].Message, "set advertise") {
+		t.Fatalf("%d WARN lines for two sessions created over TLS, want 1 saying what to set: %v", logs.Len(), logs.All())
+	}
+	if h.owners.Known() != 0 {
+		t.Fatalf("%d owners known for sessions created over TLS, want none", h.owners.Known())
+	}
+	create("plain", nil)
+	if h.owners.Known() != 1 || logs.Len() != 1 {
+		t.Fatalf("over plain HTTP: %d owners known, %d WARN lines; want 1 and still 1", h.owners.Known(), logs.Len())
 	}
 }

@@ -160,6 +160,8 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request, 
 		if here := h.hereAddr(r); here != "" {
 			h.owners.Created(id, here)
 			recorded = owner.Owner{ID: h.owners.Self(), Addr: here}.String()
+		} else {
+			h.warnNoOwner(r)
 		}
 	}
 	turn, ok := h.table.BeginOwned(id, recorded, h.synthesizer(r, id))
