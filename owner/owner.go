@@ -261,15 +261,11 @@ func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner
 		d.Forget(id)
 		return Owner{}, false
 	}
-	d.remember(id, o)
+	// Known as taken over from the same moment as known, so that no
+	// request of the session can skip AwaitPrevious.
+	d.rememberTakenOver(id, o, o == me)
 	if o == me {
 		d.takeovers.Add(1)
-		d.mu.Lock()
-		if k, ok := d.known[id]; ok {
-			k.tookOver = true
-			d.known[id] = k
-		}
-		d.mu.Unlock()
 	}
 	if o.ID == d.self || d.isDown(o) {
 		return o, false
@@ -411,7 +407,9 @@ func (d *Directory) entry(id string) (known, bool) {
 	return k, true
 }
 
-func (d *Directory) remember(id string, o Owner) {
+func (d *Directory) remember(id string, o Owner) { d.rememberTakenOver(id, o, false) }
+
+func (d *Directory) rememberTakenOver(id string, o Owner, tookOver bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.known[id]; !ok && len(d.known) >= d.maxKnown {
@@ -422,7 +420,7 @@ func (d *Directory) remember(id string, o Owner) {
 			break
 		}
 	}
-	d.known[id] = known{owner: o, learned: d.now()}
+	d.known[id] = known{owner: o, learned: d.now(), tookOver: tookOver}
 }
 
 func (d *Directory) markDown(o Owner) {
