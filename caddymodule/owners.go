@@ -188,6 +188,19 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner)
 	repl.Set(placeholderOwner, o.Addr)
 	repl.Set(placeholderOwnerID, o.ID)
 	ow := &ownerReplyWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, header: http.Header{}, sent: time.Now()}
+	defer func() {
+		// The proxy panics with http.ErrAbortHandler when the answer breaks
+		// off after its status went out (the client left mid-stream, as
+		// with reverse_proxy itself); the forward is counted all the same.
+		if p := recover(); p != nil {
+			if ow.wrote {
+				metrics.forwards.WithLabelValues("forwarded").Inc()
+			} else {
+				metrics.forwards.WithLabelValues("failed").Inc()
+			}
+			panic(p)
+		}
+	}()
 	err := h.forwarder.ServeHTTP(ow, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
 	var dial reverseproxy.DialError
 	switch {

@@ -273,7 +273,19 @@ func TestAReloadChangingTheRedisConnectionCutsNoForwardedCall(t *testing.T) {
 	}
 	// A forward is counted once the proxy has returned, a moment after
 	// the client may have read the answer.
-	wait.Until(t, "b's two forwards counted", func() bool { return scrapeMetric(t, in.b, forwarded)-before == 2 })
+	deadline := time.Now().Add(10 * time.Second)
+	for scrapeMetric(t, in.b, forwarded)-before != 2 {
+		if time.Now().After(deadline) {
+			var by []string
+			for _, series := range []string{forwarded, `caddy_mcp_serializer_forwards_total{result="unreachable"}`,
+				`caddy_mcp_serializer_forwards_total{result="not_owner"}`, `caddy_mcp_serializer_forwards_total{result="failed"}`,
+				`caddy_mcp_serializer_state_errors_total{op="lookup"}`, `caddy_mcp_serializer_takeovers_total`} {
+				by = append(by, fmt.Sprintf("%s %v", series, scrapeMetric(t, in.b, series)))
+			}
+			t.Fatalf("b forwarded %v of the session's two requests to its owner (before: %v); %s", scrapeMetric(t, in.b, forwarded)-before, before, strings.Join(by, ", "))
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // BenchmarkOwnerHop is what forwarding adds to a request: the same
@@ -429,4 +441,53 @@ func TestASessionsRequestsCostNoRedisCommandAtAnyPacing(t *testing.T) {
 	if n := redisCalls(t, in.redis) - before; n != 0 {
 		t.Fatalf("a later request on that instance cost %d Redis commands, want 0", n)
 	}
+}
+
+// A client that leaves in the middle of a forwarded event stream ends the
+// forward as it ends a plain proxied one (the proxy aborts the handler),
+// and the forward is still counted.
+func TestAForwardWhoseClientLeavesMidStreamIsCounted(t *testing.T) {
+	up, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if strings.Contains(string(body), `"initialize"`) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Mcp-Session-Id", "s-stream")
+			io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+			return
+		}
+		if !strings.Contains(string(body), "stream") {
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-time.After(20 * time.Second):
+		}
+	})
+	in := startOwnerInstances(t, addr)
+	post(t, in.a, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`).Body.Close()
+	post(t, in.a, "s-stream", `{"jsonrpc":"2.0","method":"notifications/initialized"}`).Body.Close()
+	up.next(t)
+	up.next(t)
+	key := "mcp_serializer:" + serializer.StoreKey("s-stream")
+	wait.Until(t, "the session's record names its owner", func() bool {
+		o, _ := in.redis.HGet(context.Background(), key, "owner").Result()
+		return o != ""
+	})
+
+	const forwarded = `caddy_mcp_serializer_forwards_total{result="forwarded"}`
+	before := scrapeMetric(t, in.b, forwarded)
+	ctx, leave := context.WithCancel(context.Background())
+	resp := <-sendAsync(ctx, in.b, "s-stream", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"stream"}}`)
+	if resp == nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the forwarded stream: %v", resp)
+	}
+	if _, err := resp.Body.Read(make([]byte, 16)); err != nil {
+		t.Fatalf("the stream's first event: %v", err)
+	}
+	leave()
+	resp.Body.Close()
+	wait.Until(t, "the forward counted", func() bool { return scrapeMetric(t, in.b, forwarded)-before == 1 })
 }
