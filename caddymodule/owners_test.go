@@ -86,6 +86,21 @@ func startOwnerInstances(t testing.TB, upstream string) *ownerInstances {
 	return in
 }
 
+// recordField reads one field of session id's record in Redis ("" if
+// none).
+func (in *ownerInstances) recordField(id, field string) string {
+	v, _ := in.redis.HGet(context.Background(), "mcp_serializer:"+serializer.StoreKey(id), field).Result()
+	return v
+}
+
+// waitForOwnerRecord waits until session id's record names its owner:
+// another instance learns the owner from it, and it is written as
+// initialize ends, on a slow machine after the answer.
+func (in *ownerInstances) waitForOwnerRecord(t *testing.T, id string) {
+	t.Helper()
+	wait.Until(t, "the session's record names its owner", func() bool { return in.recordField(id, "owner") != "" })
+}
+
 // reload logs the instances in to Redis as another user, through the
 // admin API, as `caddy reload` with a rotated password does: a new Redis
 // client on both, and the old one closed once the old config stops.
@@ -236,13 +251,7 @@ func TestAReloadChangingTheRedisConnectionCutsNoForwardedCall(t *testing.T) {
 	release := make(chan struct{})
 	up, in := startWithLongSession(t, release)
 
-	// b learns the owner from the record, written as initialize ends; on a
-	// slow machine it may land after the answer.
-	key := "mcp_serializer:" + serializer.StoreKey("s-long")
-	wait.Until(t, "the session's record names its owner", func() bool {
-		o, _ := in.redis.HGet(context.Background(), key, "owner").Result()
-		return o != ""
-	})
+	in.waitForOwnerRecord(t, "s-long")
 	const forwarded = `caddy_mcp_serializer_forwards_total{result="forwarded"}`
 	before := scrapeMetric(t, in.b, forwarded)
 	call := sendAsync(context.Background(), in.b, "s-long", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"block"}}`)
@@ -351,9 +360,7 @@ func TestALongCallKeepsItsRunningMarkAcrossAReload(t *testing.T) {
 	call := sendAsync(context.Background(), in.a, "s-long", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"block"}}`)
 	up.next(t)
 	in.reload(t)
-	ctx := context.Background()
-	key := "mcp_serializer:" + serializer.StoreKey("s-long")
-	markedBy := func() string { by, _ := in.redis.HGet(ctx, key, "running_by").Result(); return by }
+	markedBy := func() string { return in.recordField("s-long", "running_by") }
 	wait.Until(t, "the call's running mark", func() bool { return markedBy() != "" })
 	time.Sleep(2 * time.Second) // and a renewal
 	close(release)
@@ -409,11 +416,7 @@ func TestASessionsRequestsCostNoRedisCommandAtAnyPacing(t *testing.T) {
 	post(t, in.a, "paced", `{"jsonrpc":"2.0","method":"notifications/initialized"}`).Body.Close()
 	up.next(t)
 	up.next(t)
-	key := "mcp_serializer:" + serializer.StoreKey("paced")
-	wait.Until(t, "the session's record is open", func() bool {
-		open, _ := in.redis.HGet(context.Background(), key, "open").Result()
-		return open == "1"
-	})
+	wait.Until(t, "the session's record is open", func() bool { return in.recordField("paced", "open") == "1" })
 	list := func(site string) {
 		t.Helper()
 		resp := post(t, site, "paced", `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
@@ -471,11 +474,7 @@ func TestAForwardWhoseClientLeavesMidStreamIsCounted(t *testing.T) {
 	post(t, in.a, "s-stream", `{"jsonrpc":"2.0","method":"notifications/initialized"}`).Body.Close()
 	up.next(t)
 	up.next(t)
-	key := "mcp_serializer:" + serializer.StoreKey("s-stream")
-	wait.Until(t, "the session's record names its owner", func() bool {
-		o, _ := in.redis.HGet(context.Background(), key, "owner").Result()
-		return o != ""
-	})
+	in.waitForOwnerRecord(t, "s-stream")
 
 	const forwarded = `caddy_mcp_serializer_forwards_total{result="forwarded"}`
 	before := scrapeMetric(t, in.b, forwarded)
