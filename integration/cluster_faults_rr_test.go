@@ -75,27 +75,13 @@ func TestClusterRoundRobinInstanceKilledMidRun(t *testing.T) {
 // cannot be learned goes in its instance's order, and no wait outlasts its
 // bound.
 func TestClusterRoundRobinRedisRestartedMidRun(t *testing.T) {
-	prerequisites(t)
-	for _, front := range roundRobinFronts {
-		t.Run(front.String(), func(t *testing.T) {
-			redis := startRedis(t)
-			c := startRoundRobinCluster(t, redis, front)
-			wait, done := pipelineInBackground(t, c, front.String()+", redis restarted mid-run", clusterN(t, roundRobinFaultsN))
-			sleepUnlessDone(t, 2*time.Second, done, "stopping Redis")
-			redis.kill(t)
-			t.Logf("redis killed")
-			sleepUnlessDone(t, 2*time.Second, done, "restarting Redis")
-			redis.start(t)
-			t.Logf("redis restarted, empty")
-			res := wait()
-			wantBoundedThroughFault(t, c, res, crossedRepliesLogged)
-			wantNothingStuck(t, c)
-			wantStateErrorsCounted(t, c)
-
-			after := runPipeline(t, c, front.String()+", after Redis came back", clusterN(t, 100))
-			wantNoFailure(t, after)
-		})
-	}
+	runThroughRedisFault(t, "redis restarted", func(t *testing.T, redis *redisServer, done <-chan struct{}) {
+		redis.kill(t)
+		t.Logf("redis killed")
+		sleepUnlessDone(t, 2*time.Second, done, "restarting Redis")
+		redis.start(t)
+		t.Logf("redis restarted, empty")
+	})
 }
 
 // Redis unresponsive (SIGSTOP: connections accepted, nothing answered) for
@@ -103,26 +89,36 @@ func TestClusterRoundRobinRedisRestartedMidRun(t *testing.T) {
 // round robin: every engine call ends at the redis timeout, and no wait
 // outlasts its bound.
 func TestClusterRoundRobinRedisUnresponsiveMidRun(t *testing.T) {
+	runThroughRedisFault(t, "redis unresponsive", func(t *testing.T, redis *redisServer, done <-chan struct{}) {
+		redis.signal(t, syscall.SIGSTOP)
+		t.Cleanup(func() { redis.signal(t, syscall.SIGCONT) }) // the cleanup's SIGTERM needs it running
+		pause := 6 * time.Second
+		t.Logf("redis paused for %v", pause)
+		sleepUnlessDone(t, pause, done, "resuming Redis")
+		redis.signal(t, syscall.SIGCONT)
+		t.Logf("redis resumed")
+	})
+}
+
+// runThroughRedisFault runs pipelined connects behind each round-robin
+// front, brings fault on Redis 2 s in, and checks that the run stayed
+// within its bounds, left nothing stuck, counted the failed engine calls,
+// and that the next 100 connects fail none.
+func runThroughRedisFault(t *testing.T, name string, fault func(t *testing.T, redis *redisServer, done <-chan struct{})) {
 	prerequisites(t)
 	for _, front := range roundRobinFronts {
 		t.Run(front.String(), func(t *testing.T) {
 			redis := startRedis(t)
 			c := startRoundRobinCluster(t, redis, front)
-			wait, done := pipelineInBackground(t, c, front.String()+", redis unresponsive mid-run", clusterN(t, roundRobinFaultsN))
-			sleepUnlessDone(t, 2*time.Second, done, "pausing Redis")
-			redis.signal(t, syscall.SIGSTOP)
-			t.Cleanup(func() { redis.signal(t, syscall.SIGCONT) }) // the cleanup's SIGTERM needs it running
-			pause := 6 * time.Second
-			t.Logf("redis paused for %v", pause)
-			sleepUnlessDone(t, pause, done, "resuming Redis")
-			redis.signal(t, syscall.SIGCONT)
-			t.Logf("redis resumed")
+			wait, done := pipelineInBackground(t, c, front.String()+", "+name+" mid-run", clusterN(t, roundRobinFaultsN))
+			sleepUnlessDone(t, 2*time.Second, done, "the fault")
+			fault(t, redis, done)
 			res := wait()
 			wantBoundedThroughFault(t, c, res, crossedRepliesLogged)
 			wantNothingStuck(t, c)
 			wantStateErrorsCounted(t, c)
 
-			after := runPipeline(t, c, front.String()+", after Redis answered again", clusterN(t, 100))
+			after := runPipeline(t, c, front.String()+", after Redis came back", clusterN(t, 100))
 			wantNoFailure(t, after)
 		})
 	}
