@@ -196,7 +196,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	// Deferred so that a panic downstream still frees the slot.
 	defer func() { ew.turn.Done(ew.status) }()
 	if h.owners != nil {
-		if !h.owners.AwaitPrevious(r.Context(), h.ownerStore, info.sessionID, time.Now().Add(h.settings.QueueTimeout-turn.Waited())) {
+		if !h.owners.AwaitPrevious(r.Context(), h.applied.runningStore, info.sessionID, time.Now().Add(h.settings.QueueTimeout-turn.Waited())) {
 			ew.status = http.StatusServiceUnavailable
 			w.Header().Set("Retry-After", "1")
 			return h.reject(w, r, "previous_owner", http.StatusServiceUnavailable, codeServerError,

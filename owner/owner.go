@@ -329,11 +329,16 @@ func (d *Directory) ExchangeBegan(store func() RunningStore, id string) (ended f
 // until the mark is gone or lapses, deadline passes (false: the exchange
 // may still run), or ctx ends (false). Other sessions, and this one once
 // the mark is gone, cost nothing. A Store that does not answer is not
-// waited for.
-func (d *Directory) AwaitPrevious(ctx context.Context, s RunningStore, id string, deadline time.Time) bool {
+// waited for. store is asked for the Store at each read, as in
+// ExchangeBegan.
+func (d *Directory) AwaitPrevious(ctx context.Context, store func() RunningStore, id string, deadline time.Time) bool {
 	for {
 		k, ok := d.entry(id)
 		if !ok || !k.tookOver || k.owner.ID != d.self {
+			return true
+		}
+		s := store()
+		if s == nil {
 			return true
 		}
 		left, err := s.RunningFor(ctx, id)

@@ -449,7 +449,7 @@ func TestATakenOverSessionWaitsForThePreviousOwnersExchange(t *testing.T) {
 		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
 	}
 	done := make(chan bool, 1)
-	go func() { done <- b.AwaitPrevious(bg, store, "s", time.Now().Add(time.Hour)) }()
+	go func() { done <- b.AwaitPrevious(bg, store.get, "s", time.Now().Add(time.Hour)) }()
 	for store.reads.Load() < 2 { // it read the mark, and again after a pause
 		select {
 		case <-done:
@@ -467,7 +467,7 @@ func TestATakenOverSessionWaitsForThePreviousOwnersExchange(t *testing.T) {
 		t.Fatal("still held 5s after the mark was cleared")
 	}
 	reads := store.reads.Load()
-	if !b.AwaitPrevious(bg, store, "s", time.Now()) || store.reads.Load() != reads {
+	if !b.AwaitPrevious(bg, store.get, "s", time.Now()) || store.reads.Load() != reads {
 		t.Fatal("a later exchange read the mark again")
 	}
 }
@@ -481,13 +481,13 @@ func TestTheWaitForAPreviousOwnerEndsAtItsDeadlineOrWithoutAStore(t *testing.T) 
 	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
 	b := NewDirectory(ownerB.ID, 100, time.Hour, time.Minute, nil)
 	b.Unreachable(bg, store, "s", ownerA, ownerB.Addr, true)
-	if b.AwaitPrevious(bg, store, "s", time.Now().Add(50*time.Millisecond)) {
+	if b.AwaitPrevious(bg, store.get, "s", time.Now().Add(50*time.Millisecond)) {
 		t.Fatal("AwaitPrevious went while the mark had an hour left, past its deadline")
 	}
 	store.mu.Lock()
 	store.fail = errors.New("down")
 	store.mu.Unlock()
-	if !b.AwaitPrevious(bg, store, "s", time.Now().Add(time.Hour)) {
+	if !b.AwaitPrevious(bg, store.get, "s", time.Now().Add(time.Hour)) {
 		t.Fatal("AwaitPrevious waited for a Store that does not answer")
 	}
 }
