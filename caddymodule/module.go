@@ -208,7 +208,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // across instances, runs as owner: configs written for it keep loading,
 // with a WARN.
 func (h *Handler) defaultOrder() {
-	canOwn := h.engine != nil && h.engine.Abilities().TakeOver != nil && h.engine.Abilities().ClaimOwner != nil
+	canOwn := h.engineRecordsOwners()
 	switch {
 	case h.Order == orderCluster && canOwn:
 		h.logger.Warn("order cluster is replaced by order owner and runs as it: each session's requests are forwarded to the instance that created it; " +
@@ -220,6 +220,16 @@ func (h *Handler) defaultOrder() {
 	default:
 		h.Order = orderLocal
 	}
+}
+
+// engineRecordsOwners reports whether the state engine can record and
+// take over session owners, as order owner needs.
+func (h *Handler) engineRecordsOwners() bool {
+	if h.engine == nil {
+		return false
+	}
+	a := h.engine.Abilities()
+	return a.TakeOver != nil && a.ClaimOwner != nil
 }
 
 // provisions numbers handler provisions: a later config's settings
@@ -373,7 +383,7 @@ func (h *Handler) Validate() error {
 // validateOwnerOrder checks that the state engine can record and take
 // over owners, and reads advertise.
 func (h *Handler) validateOwnerOrder() error {
-	if h.engine == nil || h.engine.Abilities().TakeOver == nil || h.engine.Abilities().ClaimOwner == nil {
+	if !h.engineRecordsOwners() {
 		return fmt.Errorf("order %s needs shared state that records session owners (state redis)", h.Order)
 	}
 	if h.Advertise == "" {

@@ -293,6 +293,5 @@ func (w *ownerReplyWriter) Flush() {
 // ownerStore is what order owner asks of the state engine.
 type ownerStore interface {
 	owner.Claimer
-	owner.RunningStore
 	serializer.OwnerStore
 }
