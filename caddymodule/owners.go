@@ -84,7 +84,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 	if h.owners == nil {
 		return false, nil
 	}
-	id := info.sessionID
+	id, keyed := info.owned()
 	if sentTo := r.Header.Get(ownerHeader); sentTo != "" {
 		r.Header.Del(ownerHeader)
 		if h.owners.Serves(id, sentTo) {
@@ -97,7 +97,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 	here := h.hereAddr(r)
 	var o owner.Owner
 	var forward bool
-	if info.keyed {
+	if keyed {
 		o, forward = h.owners.RouteKey(r.Context(), h.ownerStore, id, here)
 	} else {
 		o, forward = h.owners.Route(r.Context(), h.ownerStore, id, here)
@@ -110,7 +110,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		res, err := h.forward(w, r, o)
 		switch res {
 		case forwardAnswered:
-			if r.Method == http.MethodDelete {
+			if r.Method == http.MethodDelete && !keyed {
 				h.owners.Forget(id)
 			}
 			return true, err

@@ -40,6 +40,7 @@ const (
 type requestInfo struct {
 	sessionID       string // the session, or the key's queue when keyed
 	keyed           bool
+	line            string // a session's request with a key: the key's queue, which it also waits in
 	method          serializer.Method
 	protocolVersion string // as the client sent it
 	waited          time.Duration
@@ -49,6 +50,15 @@ type requestInfo struct {
 // newRequestInfo starts the info of a request in session (or key) id.
 func newRequestInfo(r *http.Request, id string) *requestInfo {
 	return &requestInfo{sessionID: id, protocolVersion: r.Header.Get(protocolVersionHeader)}
+}
+
+// owned is what decides where the request is served with order owner:
+// its key's queue if it has one, else its session.
+func (info *requestInfo) owned() (id string, keyed bool) {
+	if info.line != "" {
+		return info.line, true
+	}
+	return info.sessionID, info.keyed
 }
 
 // session is the session the request belongs to, if any.

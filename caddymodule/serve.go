@@ -47,6 +47,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"invalid Mcp-Session-Id: want one value of 1 to 256 visible ASCII characters", nil)
 	}
 	info := newRequestInfo(r, ids[0])
+	if h.Key != "" && r.Method != http.MethodGet {
+		info.line = h.keyOf(r)
+	}
 	info.publish(r)
 	if r.Method != http.MethodPost {
 		if forwarded, err := h.serveAtOwner(w, r, info, nil, nil); forwarded {
@@ -108,10 +111,10 @@ func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next 
 	return err
 }
 
-// keyOf returns the queue a session-less POST goes to under the key
-// setting: a digest of the key's value (a client chooses it, and it may be
-// a handle worth as much as a session id), "" when the value is empty. No
-// session id can equal it: it holds a space.
+// keyOf returns the queue a request goes to under the key setting: a
+// digest of the key's value (a client chooses it, and it may be a
+// credential or a handle worth as much as a session id), "" when the value
+// is empty. No session id can equal it: it holds a space.
 func (h *Handler) keyOf(r *http.Request) string {
 	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if !ok {
@@ -126,7 +129,8 @@ func (h *Handler) keyOf(r *http.Request) string {
 
 // serveKeyed runs a session-less POST in its key's queue (the key
 // setting), as a session's POST runs in the session's. An initialize
-// still goes the session-less way: its answer may start a session.
+// holds the queue until its answer has ended, and may start a session
+// whose requests wait in the same queue.
 func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string) error {
 	body, err := h.readBody(r)
 	defer h.budget.release(body.held)
@@ -134,16 +138,33 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 		publishNoSession(r)
 		return h.rejectBody(w, r, err)
 	}
-	if body.method.Is("initialize") {
-		return h.serveSessionless(w, r, next)
-	}
 	info := newRequestInfo(r, key)
 	info.keyed, info.method = true, body.method
+	if body.method.Is("initialize") {
+		return h.serveKeyedInitialize(w, r, next, info, body)
+	}
 	info.publish(r)
 	if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
 		return err
 	}
 	return h.serveInTurn(w, r, next, info, body.traits, body.id)
+}
+
+// serveKeyedInitialize serves an initialize in its key's queue: at the
+// key's owner, which then owns the session it creates, and one at a time
+// with the key's other requests, since the backend may record every
+// session of a credential in one place.
+func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo, body classifiedBody) error {
+	if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
+		return err
+	}
+	turn, err := h.table.AcquireKeyed(r.Context(), info.sessionID, body.traits)
+	if err != nil {
+		publishNoSession(r)
+		return h.rejectWait(w, r, info.sessionID, err, body.id)
+	}
+	defer turn.Done(0) // a key's queue takes no effect from the answer
+	return h.serveSessionless(w, r, next)
 }
 
 // beginSession starts a gated session if the response to a session-less
@@ -183,7 +204,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	if info.keyed {
 		turn, err = h.table.AcquireKeyed(r.Context(), info.sessionID, traits)
 	} else {
-		turn, err = h.acquire(r, info.sessionID, traits, ew)
+		turn, err = h.acquire(r, info.sessionID, info.line, traits, ew)
 	}
 	info.waited, info.held = turn.Waited(), turn.Held()
 	if err != nil {
@@ -196,13 +217,14 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	// Deferred so that a panic downstream still frees the slot.
 	defer func() { ew.turn.Done(ew.status) }()
 	if h.owners != nil {
-		if !h.owners.AwaitPrevious(r.Context(), h.applied.runningStore, info.sessionID, time.Now().Add(h.settings.QueueTimeout-turn.Waited())) {
+		owned, _ := info.owned()
+		if !h.owners.AwaitPrevious(r.Context(), h.applied.runningStore, owned, time.Now().Add(h.settings.QueueTimeout-turn.Waited())) {
 			ew.status = http.StatusServiceUnavailable
 			w.Header().Set("Retry-After", "1")
 			return h.reject(w, r, "previous_owner", http.StatusServiceUnavailable, codeServerError,
 				"this MCP session's previous instance is still running its last request at the MCP server; retry", reqID)
 		}
-		defer h.owners.ExchangeBegan(h.applied.runningStore, info.sessionID)()
+		defer h.owners.ExchangeBegan(h.applied.runningStore, owned)()
 	}
 	err = next.ServeHTTP(ew, r)
 	ew.settleStatus(err)

@@ -79,16 +79,17 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 	}
 }
 
-// acquire waits for a request's turn in its session. The notification
+// acquire waits for a request's turn in its session, then in line, its
+// key's queue, unless line is "" (AcquireInLine). The notification
 // the synthesize action sends is not needed once the client's own has
 // been acknowledged, which may happen while it waits for its turn: it
 // is then not forwarded, and the error (serializer.ErrAlreadyInitialized)
 // goes back up the route to its sender.
-func (h *Handler) acquire(r *http.Request, id string, traits serializer.Traits, src serializer.SynthSource) (serializer.Turn, error) {
+func (h *Handler) acquire(r *http.Request, id, line string, traits serializer.Traits, src serializer.SynthSource) (serializer.Turn, error) {
 	if traits.Has(serializer.CarriesInitialized) && r.Context().Value(synthesizedKey{}) != nil {
-		return h.table.AcquireSynthesized(r.Context(), id)
+		return h.table.AcquireSynthesized(r.Context(), id, line)
 	}
-	return h.table.AcquireFrom(r.Context(), id, traits, src)
+	return h.table.AcquireInLine(r.Context(), id, line, traits, src)
 }
 
 // runningServer is the server of the running config that listens on one

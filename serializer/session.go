@@ -71,6 +71,7 @@ type Turn struct {
 	begins   bool          // the initialize exchange that created the session
 	held     bool          // at the gate, waiting for initialized
 	waited   time.Duration // before the turn; 0 when it went straight through
+	line     *Session      // the line's queue it also holds (AcquireInLine), if any
 }
 
 // Streaming records that the response is an event stream, which lets
@@ -107,10 +108,24 @@ func (t Turn) Done(status int) {
 		s.table.drop(s)
 	}
 	s.unref()
+	if t.line != nil {
+		Turn{s: t.line}.Done(status)
+	}
 }
 
 // release gives the slot back without any effect of an upstream answer.
 func (t Turn) release() { t.end(nil) }
+
+// giveBack gives back a turn that will not go upstream: its slots, line's
+// included, without effect, and its references.
+func (t Turn) giveBack() {
+	t.release()
+	t.s.unref()
+	if t.line != nil {
+		Turn{s: t.line}.release()
+		t.line.unref()
+	}
+}
 
 // end ends the turn's exchange: answered's effects on the session (nil:
 // none), then the slot passed on.
@@ -128,9 +143,9 @@ func (t Turn) end(answered func()) {
 func (t Turn) Overtook() bool { return t.overtake }
 
 // enter waits for the request's turn in s: at once, beside the slot's
-// holder, or in the line until dispatch grants it, queue_timeout passes
-// or ctx ends.
-func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Turn, error) {
+// holder, or in the line until dispatch grants it, wait passes
+// (ErrQueueTimeout) or ctx ends.
+func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, wait time.Duration) (Turn, error) {
 	cfg := s.table.config()
 	if err := ctx.Err(); err != nil {
 		return Turn{}, err
@@ -160,7 +175,7 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource) (Tu
 	}
 
 	start := s.table.clock.Now()
-	stop := s.table.clock.AfterFunc(cfg.QueueTimeout, func() { s.stopWaiting(w, ErrQueueTimeout) })
+	stop := s.table.clock.AfterFunc(wait, func() { s.stopWaiting(w, ErrQueueTimeout) })
 	select {
 	case <-w.ready:
 	case <-ctx.Done():

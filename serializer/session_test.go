@@ -490,3 +490,102 @@ func TestA404LeavesAKeysQueueWhole(t *testing.T) {
 	r.turn.Done(200)
 	mustGet(t, third).turn.Done(200)
 }
+
+// inLineAsync starts an AcquireInLine and waits until it waits in its
+// session or its line (or is done).
+func inLineAsync(t *testing.T, tab *Table, id, line string, traits Traits) <-chan result {
+	t.Helper()
+	before := waitingCount(tab, id) + waitingCount(tab, line)
+	ch := make(chan result, 1)
+	go func() {
+		turn, err := tab.AcquireInLine(bg, id, line, traits, nil)
+		ch <- result{turn, err}
+	}()
+	eventually(t, func() bool { return waitingCount(tab, id)+waitingCount(tab, line) > before || len(ch) > 0 })
+	return ch
+}
+
+func TestSessionsSharingALineGoOneAtATime(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	a := mustGet(t, inLineAsync(t, tab, "a", "key user", 0))
+	b := inLineAsync(t, tab, "b", "key user", 0)
+	other := mustGet(t, inLineAsync(t, tab, "c", "key other", 0)) // another line goes at once
+	mustWait(t, b)
+	a.turn.Done(200)
+	mustGet(t, b).turn.Done(200)
+	other.turn.Done(200)
+	// A session-less request of the same key waits in the same line.
+	c := mustGet(t, inLineAsync(t, tab, "c", "key user", 0))
+	keyed := make(chan result, 1)
+	go func() {
+		turn, err := tab.AcquireKeyed(bg, "key user", 0)
+		keyed <- result{turn, err}
+	}()
+	mustWait(t, keyed)
+	c.turn.Done(200)
+	mustGet(t, keyed).turn.Done(200)
+}
+
+// A request held at its session's gate has not joined the line: the
+// line's other sessions go on, and the notifications/initialized that
+// opens the gate goes in the line as any request does.
+func TestARequestHeldAtItsGateLeavesItsLineFree(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	initialize, ok := tab.Begin("a", nil)
+	if !ok {
+		t.Fatal("Begin refused a new session")
+	}
+	initialize.Done(200)
+	held := inLineAsync(t, tab, "a", "key user", 0)
+	b := mustGet(t, inLineAsync(t, tab, "b", "key user", 0))
+	mustWait(t, held)
+	initialized := inLineAsync(t, tab, "a", "key user", CarriesInitialized)
+	mustWait(t, initialized) // behind b in the line
+	b.turn.Done(200)
+	mustGet(t, initialized).turn.Done(202)
+	mustGet(t, held).turn.Done(200)
+}
+
+// A reply that the session's own stream waits for goes beside it, out of
+// the line that stream holds; another session's reply waits in the line.
+func TestAReplyToItsSessionsStreamSkipsTheLine(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	call := mustGet(t, inLineAsync(t, tab, "a", "key user", 0))
+	call.turn.Streaming()
+	reply := mustGet(t, inLineAsync(t, tab, "a", "key user", RepliesOnly))
+	if !reply.turn.Overtook() {
+		t.Fatal("the reply to the stream did not overtake it")
+	}
+	otherReply := inLineAsync(t, tab, "b", "key user", RepliesOnly)
+	mustWait(t, otherReply)
+	reply.turn.Done(202)
+	call.turn.Done(200)
+	mustGet(t, otherReply).turn.Done(202)
+}
+
+// queue_timeout bounds a request's wait in its session and in its line
+// together, and a request that times out in the line gives its session's
+// slot back.
+func TestQueueTimeoutBoundsTheWaitInSessionAndLineTogether(t *testing.T) {
+	tab, clock := newTestTable(t, nil) // queue_timeout 30 s
+	a1 := mustGet(t, inLineAsync(t, tab, "a", "key user", 0))
+	a2 := inLineAsync(t, tab, "a", "key user", 0) // waits in session a
+	b1 := inLineAsync(t, tab, "b", "key user", 0) // waits in the line
+	clock.Advance(20 * time.Second)
+	a1.turn.Done(200)
+	b := mustGet(t, b1)
+	eventually(t, func() bool { return waitingCount(tab, "key user") == 1 }) // a2, now in the line
+	clock.Advance(9 * time.Second)
+	mustWait(t, a2)
+	clock.Advance(time.Second)
+	if r := mustGet(t, a2); !errors.Is(r.err, ErrQueueTimeout) {
+		t.Fatalf("a2 after 30 s in session and line: %v, want ErrQueueTimeout", r.err)
+	}
+	a3 := inLineAsync(t, tab, "a", "key user", 0)
+	if waitingCount(tab, "a") != 0 {
+		t.Fatal("a3 waits in its session: the timed-out request kept the slot")
+	}
+	mustWait(t, a3) // in the line, behind b
+	b.turn.Done(200)
+	mustGet(t, a3).turn.Done(200)
+}

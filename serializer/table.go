@@ -122,39 +122,74 @@ func (t *Table) Acquire(ctx context.Context, id string, traits Traits) (Turn, er
 // StoreTimeout) leaves it queue only. A session known here never costs a
 // Store call per request.
 func (t *Table) AcquireFrom(ctx context.Context, id string, traits Traits, src SynthSource) (Turn, error) {
-	return t.takeTurn(ctx, t.ref(id, true), traits, src)
+	return t.AcquireInLine(ctx, id, "", traits, src)
 }
 
-// takeTurn waits for a request's turn in s, which it holds a reference to.
-// The reference is dropped unless a turn is returned.
-func (t *Table) takeTurn(ctx context.Context, s *Session, traits Traits, src SynthSource) (Turn, error) {
-	turn, err := s.enter(ctx, traits, src)
+// AcquireInLine is AcquireFrom for a request that also waits in line, the
+// queue of a key (AcquireKeyed) that requests of several sessions share,
+// so that they go upstream one at a time: a backend may keep all of a
+// user's sessions in one record. The request joins the line once its
+// session's turn has come, so each session keeps its own order and gate,
+// and no request waits in the line for a gate. One that overtakes in its
+// session (a reply its stream waits for) does not wait in the line
+// either. QueueTimeout bounds the two waits together. line "" is
+// AcquireFrom.
+func (t *Table) AcquireInLine(ctx context.Context, id, line string, traits Traits, src SynthSource) (Turn, error) {
+	return t.takeTurn(ctx, t.ref(id, true), line, traits, src)
+}
+
+// takeTurn waits for a request's turn in s, which it holds a reference to,
+// then in line unless it is "". The references are dropped unless a turn
+// is returned.
+func (t *Table) takeTurn(ctx context.Context, s *Session, line string, traits Traits, src SynthSource) (Turn, error) {
+	cfg := t.config()
+	turn, err := s.enter(ctx, traits, src, cfg.QueueTimeout)
 	if err != nil {
 		s.unref()
 		return turn, err
 	}
-	t.config().Events.Waited(turn.waited)
+	if line != "" && !turn.overtake {
+		if turn, err = t.joinLine(ctx, turn, line, cfg.QueueTimeout); err != nil {
+			return turn, err
+		}
+	}
+	cfg.Events.Waited(turn.waited)
+	return turn, nil
+}
+
+// joinLine waits in line for what is left of wait once turn's request has
+// waited in its session. On error the session's turn is given back.
+func (t *Table) joinLine(ctx context.Context, turn Turn, line string, wait time.Duration) (Turn, error) {
+	l := t.refKey(line)
+	inLine, err := l.enter(ctx, 0, nil, wait-turn.waited)
+	turn.waited += inLine.waited
+	if err != nil {
+		l.unref()
+		turn.giveBack()
+		return Turn{waited: turn.waited, held: turn.held}, err
+	}
+	turn.line = l
 	return turn, nil
 }
 
 // AcquireKeyed waits for the request's turn in the queue of key, a value
-// the caller derives from a session-less request (an MCP 2026-07-28
-// handle): one at a time per key, in arrival order, with a session's
+// the caller derives from a request (an MCP 2026-07-28 handle, or a
+// credential): one at a time per key, in arrival order, with a session's
 // bounds; never gated, and never looked up in the Store, since no
 // instance creates a record for it. Keys share the table, and
 // MaxSessions, with sessions: the caller keeps the two apart (no session
 // id can equal a key it makes).
 func (t *Table) AcquireKeyed(ctx context.Context, key string, traits Traits) (Turn, error) {
-	return t.takeTurn(ctx, t.refKey(key), traits, nil)
+	return t.takeTurn(ctx, t.refKey(key), "", traits, nil)
 }
 
 // AcquireSynthesized waits for the turn of a notifications/initialized
-// sent on the client's behalf (the Synthesize action), as Acquire with
-// CarriesInitialized does. If the gate opened while it waited (the
+// sent on the client's behalf (the Synthesize action), as AcquireInLine
+// with CarriesInitialized does. If the gate opened while it waited (the
 // client's own initialized was acknowledged), sending it again is not
-// needed: the turn is released and ErrAlreadyInitialized returned.
-func (t *Table) AcquireSynthesized(ctx context.Context, id string) (Turn, error) {
-	turn, err := t.Acquire(ctx, id, CarriesInitialized)
+// needed: the turn is given back and ErrAlreadyInitialized returned.
+func (t *Table) AcquireSynthesized(ctx context.Context, id, line string) (Turn, error) {
+	turn, err := t.AcquireInLine(ctx, id, line, CarriesInitialized, nil)
 	if err != nil {
 		return turn, err
 	}
@@ -163,8 +198,7 @@ func (t *Table) AcquireSynthesized(ctx context.Context, id string) (Turn, error)
 	open := s.gate == gateOpen
 	s.mu.Unlock()
 	if open {
-		turn.release()
-		s.unref()
+		turn.giveBack()
 		return Turn{}, ErrAlreadyInitialized
 	}
 	return turn, nil

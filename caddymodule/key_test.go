@@ -1,0 +1,137 @@
+package caddymodule_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// credentialUpstream is an MCP server that, like WordPress's MCP Adapter,
+// keeps all of a credential's sessions together: it records, per
+// Authorization value, the most requests it ever had at once, and hands
+// each initialize a new session id.
+type credentialUpstream struct {
+	sessions atomic.Int32
+	mu       sync.Mutex
+	now      map[string]int
+	most     map[string]int
+	all      int // at once, whatever the credential
+	mostAll  int
+}
+
+func startCredentialUpstream(t *testing.T) (*credentialUpstream, string) {
+	u := &credentialUpstream{now: map[string]int{}, most: map[string]int{}}
+	srv := httptest.NewServer(u)
+	t.Cleanup(srv.Close)
+	return u, srv.Listener.Addr().String()
+}
+
+func (u *credentialUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	user := r.Header.Get("Authorization")
+	u.mu.Lock()
+	u.now[user]++
+	u.all++
+	u.most[user] = max(u.most[user], u.now[user])
+	u.mostAll = max(u.mostAll, u.all)
+	u.mu.Unlock()
+	time.Sleep(20 * time.Millisecond) // the user's record is read, changed, written back
+	u.mu.Lock()
+	u.now[user]--
+	u.all--
+	u.mu.Unlock()
+	switch {
+	case r.Method == http.MethodDelete:
+	case strings.Contains(string(body), `"notifications/initialized"`):
+		w.WriteHeader(http.StatusAccepted)
+		return
+	case strings.Contains(string(body), `"initialize"`):
+		w.Header().Set("Mcp-Session-Id", fmt.Sprintf("credential-session-%04d", u.sessions.Add(1)))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+}
+
+// connectAs runs one client of user: initialize, then
+// notifications/initialized, tools/list and prompts/list at once, then
+// DELETE. It returns the first failure.
+func connectAs(url, user string) error {
+	send := func(method, id, body string) (*http.Response, error) {
+		req, _ := http.NewRequest(method, url, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", user)
+		if id != "" {
+			req.Header.Set("Mcp-Session-Id", id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			return resp, fmt.Errorf("%s %.40s: status %d", method, body, resp.StatusCode)
+		}
+		return resp, nil
+	}
+	resp, err := send(http.MethodPost, "", initializeBody)
+	if err != nil {
+		return err
+	}
+	sid := resp.Header.Get("Mcp-Session-Id")
+	errs := make(chan error, 3)
+	for _, body := range []string{initializedBody, rpcRequest("2", "tools/list"), rpcRequest("3", "prompts/list")} {
+		go func() {
+			_, err := send(http.MethodPost, sid, body)
+			errs <- err
+		}()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			return err
+		}
+	}
+	_, err = send(http.MethodDelete, sid, "")
+	return err
+}
+
+// With key set to a credential, every request carrying it, initialize and
+// DELETE included, goes upstream one at a time across all the sessions it
+// opened; other credentials' requests go beside them.
+func TestKeyRunsEveryRequestOfACredentialOneAtATime(t *testing.T) {
+	up, addr := startCredentialUpstream(t)
+	c := startCaddy(t, fmt.Sprintf("mcp_serializer {\n\tkey {http.request.header.Authorization}\n}\nreverse_proxy %s", addr))
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for _, user := range []string{"Basic YWxpY2U6cHc=", "Basic Ym9iOnB3"} {
+		for range 4 {
+			wg.Go(func() {
+				if err := connectAs(c.url, user); err != nil {
+					errs <- err
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	for user, most := range up.most {
+		if most != 1 {
+			t.Errorf("the upstream had %d requests of %s at once, want 1", most, user)
+		}
+	}
+	if up.mostAll < 2 {
+		t.Errorf("the two credentials' requests never ran side by side (most at once: %d)", up.mostAll)
+	}
+}
