@@ -52,6 +52,14 @@
 //   request's id, and HTTP errors by status; roundP50Ms is the median time
 //   from sending a round's calls to the last answer. The SDK's GET is
 //   answered 405 locally, so that it pins no PHP-FPM worker.
+//
+// users: `--users` (2) users, each with `--clients` (4) SDK clients at once
+//   on Basic credentials of their own user, `--rounds` (1) times, as several
+//   AI clients of one person connect to one site: connect, then tools/list,
+//   prompts/list and resources/list at once, then tools/list again, then
+//   DELETE. A session is lost when a request of it is answered 404 ("Session
+//   not found"): the server dropped it while the client still had it.
+//   Counts lost sessions and other failures.
 
 import { performance } from 'node:perf_hooks';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
@@ -63,7 +71,7 @@ const MAX_SAMPLES = 20;
 
 function parseArgs(argv) {
   const [mode, ...rest] = argv;
-  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false, timeoutMs: REPLY_TIMEOUT_MS, calls: 3, rounds: 1, tool: 'echo', steps: 5 };
+  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false, timeoutMs: REPLY_TIMEOUT_MS, calls: 3, rounds: 1, tool: 'echo', steps: 5, users: 2, clients: 4 };
   for (let i = 0; i < rest.length; i++) {
     const arg = rest[i];
     const next = () => {
@@ -81,10 +89,13 @@ function parseArgs(argv) {
       case '--tool': opts.tool = next(); break;
       case '--steps': opts.steps = Number.parseInt(next(), 10); break;
       case '--rounds': opts.rounds = Number.parseInt(next(), 10); break;
+      case '--users': opts.users = Number.parseInt(next(), 10); break;
+      case '--clients': opts.clients = Number.parseInt(next(), 10); break;
       default: throw new Error(`unknown argument ${arg}`);
     }
   }
-  if (!['flow', 'pipeline', 'sessions', 'calls'].includes(mode)) throw new Error('mode must be flow, pipeline, sessions or calls');
+  if (!['flow', 'pipeline', 'sessions', 'calls', 'users'].includes(mode)) throw new Error('mode must be flow, pipeline, sessions, calls or users');
+  if (!(opts.users >= 1) || !(opts.clients >= 1)) throw new Error('--users and --clients must be >= 1');
   if (!(opts.calls >= 1) || !(opts.rounds >= 1) || !(opts.steps >= 1)) throw new Error('--calls, --rounds and --steps must be >= 1');
   if (opts.tool !== 'echo' && opts.tool !== 'slow_count') throw new Error('--tool must be echo or slow_count');
   if (!(opts.timeoutMs >= 1)) throw new Error('--timeout must be >= 1 (ms)');
@@ -595,7 +606,74 @@ async function calls(opts) {
   return run;
 }
 
-const modes = { flow, pipeline, sessions, calls };
+// One client of a user: its session's steps, and whether the server lost it.
+async function userSession(opts, run, user) {
+  const stats = { exchanges: [] };
+  const authorization = `Basic ${Buffer.from(`${user}:password`).toString('base64')}`;
+  const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
+    fetch: recordingFetch(stats, { skipGet: true }),
+    requestInit: { headers: { Authorization: authorization } },
+    reconnectionOptions: noReconnect,
+  });
+  const client = new Client({ name: 'mcp-serializer-users', version: '1.0.0' });
+  client.onerror = () => {};
+  const requestOptions = { timeout: opts.timeoutMs };
+  const problems = [];
+  let step = 'connect';
+  try {
+    await client.connect(transport, requestOptions);
+    step = 'lists';
+    const lists = await Promise.allSettled([
+      client.listTools(undefined, requestOptions),
+      client.listPrompts(undefined, requestOptions),
+      client.listResources(undefined, requestOptions),
+    ]);
+    for (const l of lists) if (l.status === 'rejected') problems.push(`${step}: ${l.reason?.message ?? l.reason}`);
+    step = 'later tools/list';
+    if (problems.length === 0) await client.listTools(undefined, requestOptions);
+    step = 'delete';
+    if (problems.length === 0) await transport.terminateSession();
+  } catch (err) {
+    problems.push(`${step}: ${err?.message ?? err}`);
+  } finally {
+    await client.close().catch(() => {});
+  }
+  run.sessions += 1;
+  const statuses = stats.exchanges.map((e) => e.status);
+  if (statuses.includes(404)) {
+    run.lostSessions += 1;
+  } else if (problems.length > 0) {
+    run.failedSessions += 1;
+  }
+  for (const e of stats.exchanges) {
+    if (typeof e.status === 'number' && (e.status < 200 || e.status > 299) && !e.local) {
+      run.httpErrors[e.status] = (run.httpErrors[e.status] ?? 0) + 1;
+    }
+  }
+  return problems;
+}
+
+async function users(opts) {
+  const run = { mode: 'users', users: opts.users, clients: opts.clients, rounds: opts.rounds, sessions: 0, lostSessions: 0, failedSessions: 0, httpErrors: {}, samples: [] };
+  const started = performance.now();
+  for (let round = 0; round < opts.rounds; round++) {
+    const all = [];
+    for (let u = 0; u < opts.users; u++) {
+      for (let c = 0; c < opts.clients; c++) {
+        all.push(userSession(opts, run, `user${u}`).then((problems) => {
+          if (problems.length > 0 && run.samples.length < MAX_SAMPLES) run.samples.push(`round ${round} user${u} client ${c}: ${problems.join('; ')}`);
+        }));
+      }
+    }
+    await Promise.all(all);
+  }
+  run.elapsedMs = Math.round(performance.now() - started);
+  log(`${run.sessions} sessions: ${run.lostSessions} lost, ${run.failedSessions} failed otherwise, HTTP errors ${JSON.stringify(run.httpErrors)}`);
+  run.ok = run.lostSessions === 0 && run.failedSessions === 0 && run.sessions === opts.users * opts.clients * opts.rounds;
+  return run;
+}
+
+const modes = { flow, pipeline, sessions, calls, users };
 
 async function main() {
   let opts;

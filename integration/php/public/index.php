@@ -10,5 +10,11 @@ require __DIR__ . '/../src/SessionLock.php';
 require __DIR__ . '/../src/CartStore.php';
 require __DIR__ . '/../src/ModernEndpoint.php';
 require __DIR__ . '/../src/McpEndpoint.php';
+require __DIR__ . '/../src/UserSessionsEndpoint.php';
 
-(new McpEndpoint(Config::fromEnvironment()))->handle();
+$config = Config::fromEnvironment();
+if (str_starts_with($_SERVER['REQUEST_URI'] ?? '', '/user-mcp')) {
+    (new UserSessionsEndpoint($config, new SessionStore($config->storePath)))->handle();
+} else {
+    (new McpEndpoint($config))->handle();
+}

@@ -49,6 +49,7 @@ final class Config
         public readonly int $cartWorkMinMs = 20,
         public readonly int $cartWorkMaxMs = 20,
         public readonly int $listenSeconds = 0,
+        public readonly int $activitySeconds = 60,
     ) {
     }
 
@@ -79,6 +80,7 @@ final class Config
             cartWorkMinMs: $cartMin,
             cartWorkMaxMs: $cartMax,
             listenSeconds: max(0, (int) self::value('MCP_PHP_LISTEN_SECONDS', '0')),
+            activitySeconds: max(0, (int) self::value('MCP_PHP_ACTIVITY_SECONDS', '60')),
         );
     }
 

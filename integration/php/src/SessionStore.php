@@ -54,6 +54,12 @@ final class SessionStore
             . ' payload TEXT NOT NULL,'
             . ' updated_at REAL NOT NULL)'
         );
+        // Every session of a user in one map (UserSessionsEndpoint).
+        $this->db->exec(
+            'CREATE TABLE IF NOT EXISTS mcp_user_sessions ('
+            . ' user TEXT PRIMARY KEY,'
+            . ' payload TEXT NOT NULL)'
+        );
         // Per-session locks of the opt-in app-lock mode (SessionLock).
         $this->db->exec(
             'CREATE TABLE IF NOT EXISTS mcp_locks ('
@@ -104,6 +110,31 @@ final class SessionStore
     {
         $stmt = $this->db->prepare('DELETE FROM mcp_sessions WHERE id = ?');
         $stmt->execute([$id]);
+    }
+
+    /**
+     * The map of a user's sessions, by session id, as last saved.
+     *
+     * @return array<string, array{created_at: int, last_activity: int}>
+     */
+    public function loadUserSessions(string $user): array
+    {
+        $stmt = $this->db->prepare('SELECT payload FROM mcp_user_sessions WHERE user = ?');
+        $stmt->execute([$user]);
+        $payload = $stmt->fetchColumn();
+        $stmt->closeCursor();
+        $sessions = $payload === false ? null : json_decode((string) $payload, true);
+        return is_array($sessions) ? $sessions : [];
+    }
+
+    /** Writes a user's whole map, replacing whatever another worker saved in between. */
+    public function saveUserSessions(string $user, array $sessions): void
+    {
+        $stmt = $this->db->prepare(
+            'INSERT INTO mcp_user_sessions (user, payload) VALUES (?, ?)'
+            . ' ON CONFLICT(user) DO UPDATE SET payload = excluded.payload'
+        );
+        $stmt->execute([$user, json_encode((object) $sessions, JSON_UNESCAPED_SLASHES | JSON_THROW_ON_ERROR)]);
     }
 
     /** A fresh record for a session that has just been created by `initialize`. */
