@@ -77,6 +77,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Order = val
 		case "key":
 			h.Key = val
+		case "key_secret":
+			h.KeySecret = val
 		case "advertise":
 			h.Advertise = val
 		default:

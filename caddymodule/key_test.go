@@ -10,6 +10,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
 
 // credentialUpstream is an MCP server that, like WordPress's MCP Adapter,
@@ -133,5 +137,18 @@ func TestKeyRunsEveryRequestOfACredentialOneAtATime(t *testing.T) {
 	}
 	if up.mostAll < 2 {
 		t.Errorf("the two credentials' requests never ran side by side (most at once: %d)", up.mostAll)
+	}
+}
+
+func TestKeySecretWithoutAKeyIsRefused(t *testing.T) {
+	caddyfile := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\nhttp://127.0.0.1:%d {\n\tmcp_serializer {\n\t\tkey_secret s3cret\n\t}\n\trespond ok\n}\n",
+		testnet.FreePort(t))
+	err := loadCaddyfile(t, caddyfile)
+	if err == nil {
+		_ = caddy.Stop()
+		t.Fatal("key_secret without key loaded; want it refused")
+	}
+	if !strings.Contains(err.Error(), "key_secret is for key only") {
+		t.Errorf("err = %v, want one saying key_secret is for key only", err)
 	}
 }

@@ -96,14 +96,20 @@ type Handler struct {
 	// such as {env.POD_IP} are read at load. Default: the address at
 	// which each session's initialize reached this instance.
 	Advertise string `json:"advertise,omitempty"`
-	// Queues session-less requests (MCP 2026-07-28 has no sessions) by
-	// this placeholder's value, e.g. {http.request.header.Mcp-Param-Cart}:
-	// a request whose key is not empty runs one at a time per value, in
-	// arrival order, as a session's requests do, with no gate. Default:
-	// none; session-less requests go through untouched.
+	// Queues requests by this placeholder's value, e.g.
+	// {http.request.header.Authorization} or, for MCP 2026-07-28 handles,
+	// {http.request.header.Mcp-Param-Cart}: requests whose key is not empty
+	// run one at a time per value, in arrival order, initialize and every
+	// session they start included; a session's requests also keep their
+	// session's order and gate. Default: none.
 	Key string `json:"key,omitempty"`
+	// The secret key values are hashed with; placeholders such as
+	// {env.MCP_SERIALIZER_KEY_SECRET} are read at load. Default: a secret
+	// of this process's own, or with shared state none (a plain hash).
+	KeySecret string `json:"key_secret,omitempty"`
 
-	budget *bodyBudget // max_buffered and what is held of it
+	keySecret []byte      // what key values are hashed with; nil: a plain hash
+	budget    *bodyBudget // max_buffered and what is held of it
 	// With order owner: who owns which session, the engine that records
 	// it, and the proxy to the owners; nil otherwise.
 	owners        *owner.Directory
@@ -164,6 +170,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.onInitTimeout = cfg.OnInitTimeout
+	h.provisionKey()
 	h.budget = &bodyBudget{limit: h.MaxBuffered}
 	registerMetrics(ctx.GetMetricsRegistry())
 	cfg.Events = newEvents(h.logger)
@@ -366,6 +373,9 @@ func (h *Handler) Validate() error {
 	case getStreamForward, getStreamReject:
 	default:
 		return fmt.Errorf("get_stream: unknown mode %q (want forward or reject)", h.GetStream)
+	}
+	if h.KeySecret != "" && h.Key == "" {
+		return fmt.Errorf("key_secret is for key only, which is not set")
 	}
 	if h.Advertise != "" && h.Order != orderOwner {
 		return fmt.Errorf("advertise is for order owner only (order is %s)", h.Order)

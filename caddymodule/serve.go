@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -109,22 +108,6 @@ func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next 
 		metrics.sessionless.Inc()
 	}
 	return err
-}
-
-// keyOf returns the queue a request goes to under the key setting: a
-// digest of the key's value (a client chooses it, and it may be a
-// credential or a handle worth as much as a session id), "" when the value
-// is empty. No session id can equal it: it holds a space.
-func (h *Handler) keyOf(r *http.Request) string {
-	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if !ok {
-		return ""
-	}
-	value := repl.ReplaceAll(h.Key, "")
-	if value == "" {
-		return ""
-	}
-	return "key " + serializer.StoreKey(value)
 }
 
 // serveKeyed runs a session-less POST in its key's queue (the key

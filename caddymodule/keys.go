@@ -1,0 +1,66 @@
+package caddymodule
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// A key's value may be a credential (an Authorization header), so the
+// handler keeps only a keyed hash of it: in its table, in the state
+// engine and in logs, where a plain hash would let anyone who reads them
+// test guesses of a weak password offline.
+
+// processKeySecret is the secret a key's values are hashed with when the
+// instance shares no state: one per process, so that it outlives reloads
+// and the requests in flight across one stay in the same queues.
+var processKeySecret = sync.OnceValue(func() []byte {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return b
+})
+
+// provisionKey chooses the secret a key's values are hashed with:
+// key_secret (placeholders read at load), else a secret of this process's
+// own when no state is shared. Instances sharing state must hash alike,
+// and get a secret only from key_secret: without one, they hash plainly,
+// which a WARN says.
+func (h *Handler) provisionKey() {
+	switch {
+	case h.Key == "":
+	case h.KeySecret != "":
+		h.keySecret = []byte(caddy.NewReplacer().ReplaceAll(h.KeySecret, ""))
+	case h.engine == nil:
+		h.keySecret = processKeySecret()
+	default:
+		h.logger.Warn("key: without key_secret, key values are hashed with no secret, so that every instance finds the same queue; " +
+			"anyone who reads Redis or the logs can test guesses of a weak credential offline; " +
+			"set key_secret, the same on every instance, e.g. {env.MCP_SERIALIZER_KEY_SECRET}")
+	}
+}
+
+// keyOf returns the queue a request goes to under the key setting: a
+// keyed hash of the key's value, "" when the value is empty. No session
+// id can equal it: it holds a space.
+func (h *Handler) keyOf(r *http.Request) string {
+	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if !ok {
+		return ""
+	}
+	value := repl.ReplaceAll(h.Key, "")
+	if value == "" {
+		return ""
+	}
+	if h.keySecret == nil {
+		sum := sha256.Sum256([]byte(value))
+		return "key " + hex.EncodeToString(sum[:])
+	}
+	mac := hmac.New(sha256.New, h.keySecret)
+	mac.Write([]byte(value))
+	return "key " + hex.EncodeToString(mac.Sum(nil))
+}
