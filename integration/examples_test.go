@@ -26,7 +26,7 @@ import (
 // handler where it belongs: before php_fastcgi / reverse_proxy.
 func TestExampleCaddyfilesAdapt(t *testing.T) {
 	root := repoRoot(t)
-	for _, example := range []string{"laravel", "laravel-nginx", "reverse-proxy"} {
+	for _, example := range []string{"laravel", "laravel-nginx", "reverse-proxy", "wordpress", "wordpress-nginx"} {
 		t.Run(example, func(t *testing.T) {
 			path := filepath.Join(root, "examples", example, "Caddyfile")
 			out := caddyAdapt(t, path)

@@ -13,7 +13,11 @@ require __DIR__ . '/../src/McpEndpoint.php';
 require __DIR__ . '/../src/UserSessionsEndpoint.php';
 
 $config = Config::fromEnvironment();
-if (str_starts_with($_SERVER['REQUEST_URI'] ?? '', '/user-mcp')) {
+// The user-sessions endpoint also answers where WordPress's MCP Adapter
+// does, with or without pretty permalinks, for the WordPress examples.
+$uri = $_SERVER['REQUEST_URI'] ?? '';
+$restRoute = is_string($_GET['rest_route'] ?? null) ? $_GET['rest_route'] : '';
+if (str_starts_with($uri, '/user-mcp') || str_starts_with($uri, '/wp-json/mcp/') || str_starts_with($restRoute, '/mcp/')) {
     (new UserSessionsEndpoint($config, new SessionStore($config->storePath)))->handle();
 } else {
     (new McpEndpoint($config))->handle();
