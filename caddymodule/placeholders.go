@@ -39,11 +39,11 @@ const (
 // all computed only when read.
 type requestInfo struct {
 	sessionID       string // the session, or the key's queue when keyed
-	keyed           bool
 	line            string // a session's request with a key: the key's queue, which it also waits in
 	method          serializer.Method
 	protocolVersion string // as the client sent it
 	waited          time.Duration
+	keyed           bool
 	held            bool
 }
 
