@@ -152,3 +152,85 @@ func TestKeySecretWithoutAKeyIsRefused(t *testing.T) {
 		t.Errorf("err = %v, want one saying key_secret is for key only", err)
 	}
 }
+
+// postAs posts body in session id with the X-User header, in the
+// background.
+func postAs(url, id, user, body string) <-chan *http.Response {
+	ch := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Mcp-Session-Id", id)
+		req.Header.Set("X-User", user)
+		resp, err := do(http.DefaultClient, req)
+		if err != nil {
+			resp = nil
+		}
+		ch <- resp
+	}()
+	return ch
+}
+
+// reached reports whether a request whose body holds marker reached up.
+func reached(up *upstream, marker string) bool {
+	for _, r := range up.requests() {
+		if strings.Contains(string(r.Body), marker) {
+			return true
+		}
+	}
+	return false
+}
+
+// A request that waits in its key's line past queue_timeout is answered
+// 503, saying what it waited for, and never forwarded.
+func TestAWaitInAKeysLinePastQueueTimeoutIsAnswered503AndNotForwarded(t *testing.T) {
+	up, addr, release := blockingUpstream(t)
+	c := startCaddy(t, "mcp_serializer {\n\tkey {http.request.header.X-User}\n\tqueue_timeout 200ms\n}\nreverse_proxy "+addr)
+	first := postAs(c.url, "s1", "alice", `{"jsonrpc":"2.0","id":1,"method":"block"}`)
+	up.next(t)
+	resp := <-postAs(c.url, "s2", "alice", `{"jsonrpc":"2.0","id":2,"method":"late"}`)
+	if resp == nil {
+		t.Fatal("no answer")
+	}
+	e := expectRPCError(t, resp, http.StatusServiceUnavailable, "2")
+	if !strings.Contains(e.Error.Message, "key") {
+		t.Errorf("message %q does not say the request waited for its key", e.Error.Message)
+	}
+	other := <-postAs(c.url, "s3", "bob", `{"jsonrpc":"2.0","id":3,"method":"beside"}`)
+	if other == nil || other.StatusCode != http.StatusOK {
+		t.Fatalf("another key's request beside the blocked one: %v", other)
+	}
+	close(release)
+	<-first
+	if reached(up, "late") {
+		t.Fatal("the timed-out request reached the upstream")
+	}
+	if again := <-postAs(c.url, "s2", "alice", `{"jsonrpc":"2.0","id":4,"method":"after"}`); again == nil || again.StatusCode != http.StatusOK {
+		t.Fatalf("the key's line did not recover: %v", again)
+	}
+}
+
+// A reload that changes the config keeps each key's line: a request sent
+// after it still waits for the key's request in flight from before.
+func TestAKeysLineHoldsAcrossAReload(t *testing.T) {
+	up, addr, release := blockingUpstream(t)
+	site := "mcp_serializer {\n\tkey {http.request.header.X-User}\n\tqueue_timeout %s\n}\nreverse_proxy " + addr
+	c := startCaddy(t, fmt.Sprintf(site, "30s"))
+	first := postAs(c.url, "s1", "alice", `{"jsonrpc":"2.0","id":1,"method":"block"}`)
+	up.next(t)
+	c.reload(t, fmt.Sprintf(site, "20s"))
+	second := postAs(c.url, "s2", "alice", `{"jsonrpc":"2.0","id":2,"method":"after-reload"}`)
+	select {
+	case <-second:
+		t.Fatal("a request of the key answered while the key's request from before the reload was in flight")
+	case <-time.After(300 * time.Millisecond):
+	}
+	if reached(up, "after-reload") {
+		t.Fatal("a request of the key reached the upstream beside the one in flight from before the reload")
+	}
+	close(release)
+	<-first
+	if resp := <-second; resp == nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the request after the reload: %v", resp)
+	}
+}

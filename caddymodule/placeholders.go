@@ -61,6 +61,17 @@ func (info *requestInfo) owned() (id string, keyed bool) {
 	return info.sessionID, info.keyed
 }
 
+// waitsIn names, for an answer, what the request waits in.
+func (info *requestInfo) waitsIn() string {
+	switch {
+	case info.keyed:
+		return "this key's queue"
+	case info.line != "":
+		return "this MCP session and its key's queue"
+	}
+	return "this MCP session"
+}
+
 // session is the session the request belongs to, if any.
 func (info *requestInfo) session() string {
 	if info.keyed {

@@ -144,7 +144,7 @@ func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, n
 	turn, err := h.table.AcquireKeyed(r.Context(), info.sessionID, body.traits)
 	if err != nil {
 		publishNoSession(r)
-		return h.rejectWait(w, r, info.sessionID, err, body.id)
+		return h.rejectWait(w, r, info, err, body.id)
 	}
 	defer turn.Done(0) // a key's queue takes no effect from the answer
 	return h.serveSessionless(w, r, next)
@@ -191,7 +191,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	info.waited, info.held = turn.Waited(), turn.Held()
 	if err != nil {
-		return h.rejectWait(w, r, info.sessionID, err, reqID)
+		return h.rejectWait(w, r, info, err, reqID)
 	}
 	if turn.Overtook() {
 		metrics.overtakes.Inc()
@@ -232,7 +232,7 @@ func (h *Handler) serveGetStream(w http.ResponseWriter, r *http.Request, next ca
 		info.waited = time.Since(start)
 	}
 	if err != nil {
-		return h.rejectWait(w, r, info.sessionID, err, nil)
+		return h.rejectWait(w, r, info, err, nil)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -389,15 +389,16 @@ func (h *Handler) rejectBody(w http.ResponseWriter, r *http.Request, err error) 
 }
 
 // rejectWait answers a request that did not get its turn.
-func (h *Handler) rejectWait(w http.ResponseWriter, r *http.Request, id string, err error, reqID []byte) error {
+func (h *Handler) rejectWait(w http.ResponseWriter, r *http.Request, info *requestInfo, err error, reqID []byte) error {
+	id := info.sessionID
 	switch {
 	case errors.Is(err, serializer.ErrQueueFull):
 		return h.reject(w, r, "queue_full", http.StatusTooManyRequests, codeServerError,
-			"too many requests waiting in this MCP session (max_queue)", reqID)
+			"too many requests waiting in "+info.waitsIn()+" (max_queue)", reqID)
 	case errors.Is(err, serializer.ErrQueueTimeout):
 		w.Header().Set("Retry-After", "1")
 		return h.reject(w, r, "queue_timeout", http.StatusServiceUnavailable, codeServerError,
-			"timed out waiting for this MCP session's earlier requests (queue_timeout)", reqID)
+			"timed out waiting for the earlier requests of "+info.waitsIn()+" (queue_timeout)", reqID)
 	case errors.Is(err, serializer.ErrSessionDropped):
 		// Answered as a queue timeout is: the client may retry at once.
 		w.Header().Set("Retry-After", "1")
