@@ -112,6 +112,27 @@ func connectAs(url, user string) error {
 func TestKeyRunsEveryRequestOfACredentialOneAtATime(t *testing.T) {
 	up, addr := startCredentialUpstream(t)
 	c := startCaddy(t, fmt.Sprintf("mcp_serializer {\n\tkey {http.request.header.Authorization}\n}\nreverse_proxy %s", addr))
+	// The admin endpoint, read all along, sees the lines and sessions
+	// change under it (a data race shows under -race).
+	stop, polled := make(chan struct{}), make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				polled <- n
+				return
+			default:
+			}
+			if resp, err := http.Get(c.admin + "/mcp_serializer/sessions?limit=1000"); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					n++
+				}
+			}
+		}
+	}()
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for _, user := range []string{"Basic YWxpY2U6cHc=", "Basic Ym9iOnB3"} {
@@ -124,6 +145,10 @@ func TestKeyRunsEveryRequestOfACredentialOneAtATime(t *testing.T) {
 		}
 	}
 	wg.Wait()
+	close(stop)
+	if n := <-polled; n == 0 {
+		t.Error("the admin endpoint never answered while the clients ran")
+	}
 	close(errs)
 	for err := range errs {
 		t.Error(err)
