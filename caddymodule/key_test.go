@@ -165,16 +165,21 @@ func TestKeyRunsEveryRequestOfACredentialOneAtATime(t *testing.T) {
 	}
 }
 
-func TestKeySecretWithoutAKeyIsRefused(t *testing.T) {
-	caddyfile := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\nhttp://127.0.0.1:%d {\n\tmcp_serializer {\n\t\tkey_secret s3cret\n\t}\n\trespond ok\n}\n",
-		testnet.FreePort(t))
-	err := loadCaddyfile(t, caddyfile)
-	if err == nil {
-		_ = caddy.Stop()
-		t.Fatal("key_secret without key loaded; want it refused")
-	}
-	if !strings.Contains(err.Error(), "key_secret is for key only") {
-		t.Errorf("err = %v, want one saying key_secret is for key only", err)
+func TestKeySecretIsRefusedWithoutAKeyOrWhenEmpty(t *testing.T) {
+	for _, tc := range []struct{ settings, want string }{
+		{"key_secret s3cret", "key_secret is for key only"},
+		{"key {http.request.header.Authorization}\n\t\tkey_secret {env.MCP_TEST_KEY_SECRET_NEVER_SET}", "key_secret \"{env.MCP_TEST_KEY_SECRET_NEVER_SET}\" is empty"},
+	} {
+		caddyfile := fmt.Sprintf("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\nhttp://127.0.0.1:%d {\n\tmcp_serializer {\n\t\t%s\n\t}\n\trespond ok\n}\n",
+			testnet.FreePort(t), tc.settings)
+		err := loadCaddyfile(t, caddyfile)
+		if err == nil {
+			_ = caddy.Stop()
+			t.Fatalf("%q loaded; want it refused", tc.settings)
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err = %v, want one saying %q", tc.settings, err, tc.want)
+		}
 	}
 }
 

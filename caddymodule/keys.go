@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net/http"
 	"sync"
 
@@ -30,11 +31,15 @@ var processKeySecret = sync.OnceValue(func() []byte {
 // own when no state is shared. Instances sharing state must hash alike,
 // and get a secret only from key_secret: without one, they hash plainly,
 // which a WARN says.
-func (h *Handler) provisionKey() {
+func (h *Handler) provisionKey() error {
 	switch {
 	case h.Key == "":
 	case h.KeySecret != "":
-		h.keySecret = []byte(caddy.NewReplacer().ReplaceAll(h.KeySecret, ""))
+		secret := caddy.NewReplacer().ReplaceAll(h.KeySecret, "")
+		if secret == "" {
+			return fmt.Errorf("key_secret %q is empty once its placeholders are read (an environment variable not set?)", h.KeySecret)
+		}
+		h.keySecret = []byte(secret)
 	case h.engine == nil:
 		h.keySecret = processKeySecret()
 	default:
@@ -42,6 +47,7 @@ func (h *Handler) provisionKey() {
 			"anyone who reads Redis or the logs can test guesses of a weak credential offline; " +
 			"set key_secret, the same on every instance, e.g. {env.MCP_SERIALIZER_KEY_SECRET}")
 	}
+	return nil
 }
 
 // keyOf returns the queue a request goes to under the key setting: a

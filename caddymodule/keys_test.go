@@ -21,7 +21,9 @@ func TestAKeysQueueIsNamedByAHashKeyedWithItsSecret(t *testing.T) {
 	const credential = "Basic YWxpY2U6cGFzc3dvcmQ="
 	queueOf := func(secret string) string {
 		h := &Handler{Key: "{http.request.header.Authorization}", KeySecret: secret, logger: zap.NewNop()}
-		h.provisionKey()
+		if err := h.provisionKey(); err != nil {
+			t.Fatal(err)
+		}
 		r := httptest.NewRequest("POST", "/mcp", nil)
 		r.Header.Set("Authorization", credential)
 		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), httptest.NewRecorder(), nil)

@@ -165,12 +165,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.Validate(); err != nil {
 		return err
 	}
+	if err := h.provisionKey(); err != nil {
+		return err
+	}
 	cfg, _ := h.tableConfig()
 	if err := h.claimTable(ctx, cfg, rawState); err != nil {
 		return err
 	}
 	h.onInitTimeout = cfg.OnInitTimeout
-	h.provisionKey()
 	h.budget = &bodyBudget{limit: h.MaxBuffered}
 	registerMetrics(ctx.GetMetricsRegistry())
 	cfg.Events = newEvents(h.logger)

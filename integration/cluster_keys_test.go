@@ -144,7 +144,9 @@ func TestClusterRoundRobinKeepsEverySessionOfAUserKeyedOnTheCredential(t *testin
 		return res
 	}
 
-	c := startCluster(t, clusterOptions{State: state, Key: key, Balancer: caddyRoundRobin})
+	// One key_secret on every instance: each hashes the credential alike.
+	t.Setenv("MCP_TEST_KEY_SECRET", "cluster-test-secret")
+	c := startCluster(t, clusterOptions{State: state, Key: key, KeySecret: "{env.MCP_TEST_KEY_SECRET}", Balancer: caddyRoundRobin})
 	if res := connect(c); res.LostSessions != 0 || res.FailedSessions != 0 {
 		t.Errorf("order owner: %s; want none lost or failed", res.summary())
 	}

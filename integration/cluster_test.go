@@ -44,6 +44,9 @@ type clusterOptions struct {
 	// Key is mcp_serializer's `key` setting on every instance ("" for none),
 	// e.g. cartKey.
 	Key string
+	// KeySecret is mcp_serializer's `key_secret` on every instance ("" for
+	// none).
+	KeySecret string
 	// Balancer is the front (default: Caddy with lb_policy header
 	// Mcp-Session-Id).
 	Balancer balancer
@@ -108,6 +111,9 @@ func startCluster(t *testing.T, opts clusterOptions) *cluster {
 	}
 	if opts.Key != "" {
 		serializer += "\t\t\tkey " + opts.Key + "\n"
+	}
+	if opts.KeySecret != "" {
+		serializer += "\t\t\tkey_secret " + opts.KeySecret + "\n"
 	}
 	if opts.State != "" {
 		serializer += "\t\t\t" + strings.ReplaceAll(strings.TrimSpace(opts.State), "\n", "\n\t\t\t") + "\n"
