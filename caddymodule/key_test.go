@@ -1,6 +1,9 @@
 package caddymodule_test
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +17,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
+	"github.com/mcpserializer/caddy-mcp-serializer/owner"
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
 // credentialUpstream is an MCP server that, like WordPress's MCP Adapter,
@@ -263,4 +268,68 @@ func TestAKeysLineHoldsAcrossAReload(t *testing.T) {
 	if resp := <-second; resp == nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("the request after the reload: %v", resp)
 	}
+}
+
+// An instance that takes a key over from an owner that does not answer
+// holds the key's next request, initialize included, until the old
+// owner's running mark on the key has lapsed: the old owner's backend may
+// still be writing the user's record.
+func TestAnInitializeWaitsForItsKeysPreviousOwnersExchange(t *testing.T) {
+	ctx := context.Background()
+	var markWhenServed atomic.Int64 // ms the mark still had when initialize reached the upstream; -1 before
+	markWhenServed.Store(-1)
+	var in *ownerInstances
+	_, addr := newUpstream(t, mcpAnswer("keyed-takeover-session", func(m rpcMsg, w http.ResponseWriter, r *http.Request) bool {
+		if m.Method == "initialize" {
+			markWhenServed.Store(in.markLeft(t, keyLine("alice")))
+		}
+		return false
+	}))
+	in = startOwnerInstances(t, addr, "key {http.request.header.X-User}")
+	dead := owner.Owner{ID: "dead", Addr: strings.TrimPrefix(testnet.RefusedURL(t), "http://")}
+	dead.Addr, _, _ = strings.Cut(dead.Addr, "/")
+	record := "mcp_serializer:" + serializer.StoreKey(keyLine("alice"))
+	now, err := in.redis.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.redis.HSet(ctx, record, "owner", dead.String(), "running", now.UnixMilli()+1500, "running_by", dead.String()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	in.redis.Expire(ctx, record, time.Hour)
+
+	req, _ := http.NewRequest(http.MethodPost, in.b, strings.NewReader(initializeBody))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-User", "alice")
+	resp, err := do(http.DefaultClient, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("initialize: %s", resp.Status)
+	}
+	if left := markWhenServed.Load(); left != 0 {
+		t.Fatalf("initialize reached the upstream with the dead owner's mark standing %d ms more (-1: never)", left)
+	}
+}
+
+// keyLine is the queue of a key's value with shared state and no
+// key_secret: its plain hash.
+func keyLine(value string) string {
+	sum := sha256.Sum256([]byte(value))
+	return "key " + hex.EncodeToString(sum[:])
+}
+
+// markLeft is how many ms the running mark on id's record still stands on
+// Redis' clock; 0 if none.
+func (in *ownerInstances) markLeft(t *testing.T, id string) int64 {
+	ctx := context.Background()
+	until, _ := in.redis.HGet(ctx, "mcp_serializer:"+serializer.StoreKey(id), "running").Int64()
+	now, err := in.redis.Time(ctx).Result()
+	if err != nil {
+		t.Error(err)
+		return -1
+	}
+	return max(0, until-now.UnixMilli())
 }

@@ -27,7 +27,8 @@ import (
 
 // ownerInstances runs, in this process, two instances with order owner on
 // one Redis (two sites with session tables of their own, each its own
-// owner) and a front that sends requests to them in turn.
+// owner) and a front that sends requests to them in turn; settings are
+// more lines for both instances' mcp_serializer.
 type ownerInstances struct {
 	a, b, front string // URLs
 	redis       *redis.Client
@@ -35,8 +36,12 @@ type ownerInstances struct {
 	caddyfile   func(redisTimeout string) string
 }
 
-func startOwnerInstances(t testing.TB, upstream string) *ownerInstances {
+func startOwnerInstances(t testing.TB, upstream string, settings ...string) *ownerInstances {
 	t.Helper()
+	extra := ""
+	for _, setting := range settings {
+		extra += "\n\t\t" + setting
+	}
 	redisAddr := redistest.Start(t)
 	adminPort, pa, pb, pf := testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t)
 	instance := func(name string, port int, redisLogin string) string {
@@ -47,13 +52,13 @@ func startOwnerInstances(t testing.TB, upstream string) *ownerInstances {
 		order owner
 		state redis %s {
 			timeout 250ms%s
-		}
+		}%s
 	}
 	reverse_proxy %s {
 		flush_interval -1
 	}
 }
-`, port, name, redisAddr, redisLogin, upstream)
+`, port, name, redisAddr, redisLogin, extra, upstream)
 	}
 	in := &ownerInstances{
 		a: fmt.Sprintf("http://127.0.0.1:%d", pa), b: fmt.Sprintf("http://127.0.0.1:%d", pb),

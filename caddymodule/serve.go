@@ -147,6 +147,12 @@ func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, n
 		return h.rejectWait(w, r, info, err, body.id)
 	}
 	defer turn.Done(0) // a key's queue takes no effect from the answer
+	ended, err := h.previousOwnerDone(w, r, info, turn.Waited(), body.id)
+	if ended == nil {
+		publishNoSession(r)
+		return err
+	}
+	defer ended()
 	return h.serveSessionless(w, r, next)
 }
 
@@ -199,19 +205,34 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	ew.turn = turn
 	// Deferred so that a panic downstream still frees the slot.
 	defer func() { ew.turn.Done(ew.status) }()
-	if h.owners != nil {
-		owned, _ := info.owned()
-		if !h.owners.AwaitPrevious(r.Context(), h.applied.runningStore, owned, time.Now().Add(h.settings.QueueTimeout-turn.Waited())) {
-			ew.status = http.StatusServiceUnavailable
-			w.Header().Set("Retry-After", "1")
-			return h.reject(w, r, "previous_owner", http.StatusServiceUnavailable, codeServerError,
-				"this MCP session's previous instance is still running its last request at the MCP server; retry", reqID)
-		}
-		defer h.owners.ExchangeBegan(h.applied.runningStore, owned)()
+	ended, err := h.previousOwnerDone(w, r, info, turn.Waited(), reqID)
+	if ended == nil {
+		ew.status = http.StatusServiceUnavailable
+		return err
 	}
+	defer ended()
 	err = next.ServeHTTP(ew, r)
 	ew.settleStatus(err)
 	return err
+}
+
+// previousOwnerDone waits, with order owner, until an instance that owned
+// the request's session or key before this one has ended its last
+// exchange, for what is left of queue_timeout after waited. ended, called
+// when the request's own exchange ends, clears its running mark; nil if
+// the previous exchange did not end in time and the request was answered
+// 503 (err is that answer's).
+func (h *Handler) previousOwnerDone(w http.ResponseWriter, r *http.Request, info *requestInfo, waited time.Duration, reqID []byte) (ended func(), err error) {
+	if h.owners == nil {
+		return func() {}, nil
+	}
+	owned, _ := info.owned()
+	if !h.owners.AwaitPrevious(r.Context(), h.applied.runningStore, owned, time.Now().Add(h.settings.QueueTimeout-waited)) {
+		w.Header().Set("Retry-After", "1")
+		return nil, h.reject(w, r, "previous_owner", http.StatusServiceUnavailable, codeServerError,
+			"the previous instance of "+info.waitsIn()+" is still running its last request at the MCP server; retry", reqID)
+	}
+	return h.owners.ExchangeBegan(h.applied.runningStore, owned), nil
 }
 
 // serveGetStream lets the server-to-client stream through once the gate is
