@@ -22,9 +22,10 @@ import (
 )
 
 // credentialUpstream is an MCP server that, like WordPress's MCP Adapter,
-// keeps all of a credential's sessions together: it records, per
-// Authorization value, the most requests it ever had at once, and hands
-// each initialize a new session id.
+// keeps all of a user's sessions together: it records, per user named in
+// the Basic credentials, the most requests it ever had at once, hands
+// each initialize a new session id, and answers 401 to the password
+// "wrong".
 type credentialUpstream struct {
 	sessions atomic.Int32
 	mu       sync.Mutex
@@ -43,7 +44,7 @@ func startCredentialUpstream(t *testing.T) (*credentialUpstream, string) {
 
 func (u *credentialUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
-	user := r.Header.Get("Authorization")
+	user, password, _ := r.BasicAuth()
 	u.mu.Lock()
 	u.now[user]++
 	u.all++
@@ -56,6 +57,9 @@ func (u *credentialUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.all--
 	u.mu.Unlock()
 	switch {
+	case password == "wrong":
+		w.WriteHeader(http.StatusUnauthorized)
+		return
 	case r.Method == http.MethodDelete:
 	case strings.Contains(string(body), `"notifications/initialized"`):
 		w.WriteHeader(http.StatusAccepted)
@@ -332,4 +336,125 @@ func (in *ownerInstances) markLeft(t *testing.T, id string) int64 {
 		return -1
 	}
 	return max(0, until-now.UnixMilli())
+}
+
+// basic is the Authorization header of user's Basic credentials.
+func basic(user, password string) string {
+	req, _ := http.NewRequest(http.MethodGet, "/", nil)
+	req.SetBasicAuth(user, password)
+	return req.Header.Get("Authorization")
+}
+
+// connectAll runs clients clients of each user at once, client c with
+// password "pw-c", and fails the test on any failure.
+func connectAll(t *testing.T, url string, users []string, clients int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(users)*clients)
+	for _, user := range users {
+		for c := range clients {
+			wg.Go(func() {
+				if err := connectAs(url, basic(user, fmt.Sprintf("pw-%d", c))); err != nil {
+					errs <- err
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// With key basic_user, the requests of every password of one user go
+// upstream one at a time, as the backend keeps all of the user's sessions
+// in one record; keyed on the Authorization header, each password is a
+// line of its own, and one user's requests overlap.
+func TestKeyBasicUserLinesUpEveryPasswordOfAUser(t *testing.T) {
+	users := []string{"alice", "bob"}
+	up, addr := startCredentialUpstream(t)
+	c := startCaddy(t, fmt.Sprintf("mcp_serializer {\n\tkey basic_user\n}\nreverse_proxy %s", addr))
+	connectAll(t, c.url, users, 4)
+	up.mu.Lock()
+	for _, user := range users {
+		if up.most[user] != 1 {
+			t.Errorf("key basic_user: the upstream had %d requests of %s at once, want 1", up.most[user], user)
+		}
+	}
+	if up.mostAll < 2 {
+		t.Errorf("key basic_user: the two users' requests never ran side by side (most at once: %d)", up.mostAll)
+	}
+	up.mu.Unlock()
+
+	byHeader, addr := startCredentialUpstream(t)
+	c.reload(t, fmt.Sprintf("mcp_serializer {\n\tkey {http.request.header.Authorization}\n}\nreverse_proxy %s", addr))
+	connectAll(t, c.url, users, 4)
+	byHeader.mu.Lock()
+	defer byHeader.mu.Unlock()
+	if byHeader.most["alice"] < 2 && byHeader.most["bob"] < 2 {
+		t.Errorf("keyed on the Authorization header, no user's passwords overlapped: the test cannot tell the two apart")
+	}
+}
+
+// Anyone can name a user; only the MCP server knows the password. A
+// password not yet accepted waits for the user's other unproven requests
+// before it joins the user's line, so a flood of wrong passwords has at
+// most one request in that line at a time: the user's own requests keep
+// finding room (max_queue) and are never refused for them.
+func TestWrongPasswordsHoldAUsersLineForOneRequestAtATime(t *testing.T) {
+	up, addr := startCredentialUpstream(t)
+	c := startCaddy(t, fmt.Sprintf("mcp_serializer {\n\tkey basic_user\n\tmax_queue 4\n}\nreverse_proxy %s", addr))
+	alice := basic("alice", "pw-0")
+	if err := connectAs(c.url, alice); err != nil { // proves alice's password
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var flood sync.WaitGroup
+	var refused, answered atomic.Int64
+	for range 16 {
+		flood.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest(http.MethodPost, c.url, strings.NewReader(initializeBody))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Authorization", basic("alice", "wrong"))
+				resp, err := do(http.DefaultClient, req)
+				if err != nil {
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case http.StatusUnauthorized:
+					answered.Add(1)
+				case http.StatusTooManyRequests:
+					refused.Add(1)
+				}
+			}
+		})
+	}
+	wait := time.Now().Add(5 * time.Second)
+	for answered.Load() < 5 || refused.Load() < 5 {
+		if time.Now().After(wait) {
+			t.Fatalf("the flood got %d answers and %d refusals", answered.Load(), refused.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for round := range 5 {
+		if err := connectAs(c.url, alice); err != nil {
+			t.Errorf("round %d: alice's own client during the flood: %v", round, err)
+		}
+	}
+	close(stop)
+	flood.Wait()
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if up.most["alice"] != 1 {
+		t.Errorf("the upstream had %d of alice's requests at once, want 1", up.most["alice"])
+	}
 }

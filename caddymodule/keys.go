@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
@@ -50,23 +51,43 @@ func (h *Handler) provisionKey() error {
 	return nil
 }
 
+// keyBasicUser is the key setting's value that lines requests up by the
+// user named in their HTTP Basic credentials (WordPress's Application
+// Passwords: one user, a password per client), rather than by a
+// placeholder's value.
+const keyBasicUser = "basic_user"
+
 // keyOf returns the queue a request goes to under the key setting: a
 // keyed hash of the key's value, "" when the value is empty. No session
-// id can equal it: it holds a space.
-func (h *Handler) keyOf(r *http.Request) string {
+// id can equal it: it holds a space. With key basic_user, password is the
+// keyed hash of the request's credentials, which must be proven before
+// the request shares its user's queue freely (see proven.go).
+func (h *Handler) keyOf(r *http.Request) (line, password string) {
+	if h.Key == keyBasicUser {
+		user, _, ok := r.BasicAuth()
+		if !ok || user == "" {
+			return "", ""
+		}
+		return "key " + h.hashKey(keyBasicUser+" "+strings.ToLower(user)), h.hashKey(r.Header.Get("Authorization"))
+	}
 	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if !ok {
-		return ""
+		return "", ""
 	}
 	value := repl.ReplaceAll(h.Key, "")
 	if value == "" {
-		return ""
+		return "", ""
 	}
+	return "key " + h.hashKey(value), ""
+}
+
+// hashKey is the hex of value's hash keyed with the key's secret.
+func (h *Handler) hashKey(value string) string {
 	if h.keySecret == nil {
 		sum := sha256.Sum256([]byte(value))
-		return "key " + hex.EncodeToString(sum[:])
+		return hex.EncodeToString(sum[:])
 	}
 	mac := hmac.New(sha256.New, h.keySecret)
 	mac.Write([]byte(value))
-	return "key " + hex.EncodeToString(mac.Sum(nil))
+	return hex.EncodeToString(mac.Sum(nil))
 }

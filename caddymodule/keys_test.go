@@ -27,7 +27,8 @@ func TestAKeysQueueIsNamedByAHashKeyedWithItsSecret(t *testing.T) {
 		r := httptest.NewRequest("POST", "/mcp", nil)
 		r.Header.Set("Authorization", credential)
 		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), httptest.NewRecorder(), nil)
-		return h.keyOf(r)
+		line, _ := h.keyOf(r)
+		return line
 	}
 	mac := func(secret []byte) string {
 		m := hmac.New(sha256.New, secret)

@@ -108,8 +108,9 @@ type Handler struct {
 	// of this process's own, or with shared state none (a plain hash).
 	KeySecret string `json:"key_secret,omitempty"`
 
-	keySecret []byte      // what key values are hashed with; nil: a plain hash
-	budget    *bodyBudget // max_buffered and what is held of it
+	keySecret []byte           // what key values are hashed with; nil: a plain hash
+	proven    *provenPasswords // with key basic_user: the credentials the MCP server accepted
+	budget    *bodyBudget      // max_buffered and what is held of it
 	// With order owner: who owns which session, the engine that records
 	// it, and the proxy to the owners; nil otherwise.
 	owners        *owner.Directory
@@ -197,13 +198,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		applied := &appliedSettings{}
 		applied.generation.Store(h.generation)
 		owners := owner.NewDirectory(owner.NewID(), cfg.MaxSessions, cfg.SessionTTL, ownerDownFor, nil)
-		return pooledTable{serializer.NewTable(cfg), applied, owners}, nil
+		return pooledTable{serializer.NewTable(cfg), applied, owners, newProvenPasswords(cfg.MaxSessions)}, nil
 	})
 	if err != nil {
 		return err
 	}
 	pooled := val.(pooledTable)
-	h.table, h.applied = pooled.Table, pooled.applied
+	h.table, h.applied, h.proven = pooled.Table, pooled.applied, pooled.proven
 	if h.Order == orderOwner {
 		h.owners = pooled.owners
 	}
@@ -435,6 +436,7 @@ type pooledTable struct {
 	*serializer.Table
 	applied *appliedSettings
 	owners  *owner.Directory // this instance's, for order owner
+	proven  *provenPasswords // for key basic_user
 }
 
 func (t pooledTable) Destruct() error {

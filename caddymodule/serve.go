@@ -34,8 +34,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return next.ServeHTTP(w, r)
 		}
 		if h.Key != "" {
-			if key := h.keyOf(r); key != "" {
-				return h.serveKeyed(w, r, next, key)
+			if key, password := h.keyOf(r); key != "" {
+				return h.serveKeyed(w, r, next, key, password)
 			}
 		}
 		return h.serveSessionless(w, r, next)
@@ -47,7 +47,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	info := newRequestInfo(r, ids[0])
 	if h.Key != "" && r.Method != http.MethodGet {
-		info.line = h.keyOf(r)
+		info.line, info.password = h.keyOf(r)
 	}
 	info.publish(r)
 	if r.Method != http.MethodPost {
@@ -81,6 +81,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // 503, since the session it would create has no room; any other POST
 // goes on (MCP without sessions is never refused).
 func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	_, err := h.sessionlessExchange(w, r, next)
+	return err
+}
+
+// sessionlessExchange is serveSessionless, also returning the answer's
+// status (0 if none was sent).
+func (h *Handler) sessionlessExchange(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (status int, err error) {
 	info := publishNoSession(r)
 	if h.table.Saturated() {
 		body, err := h.readBody(r)
@@ -89,10 +96,10 @@ func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next 
 		case errors.Is(err, errBodyBudget):
 			// Unread, it goes on as it came, as with room in the table.
 		case err != nil:
-			return h.rejectBody(w, r, err)
+			return 0, h.rejectBody(w, r, err)
 		case body.id != nil && body.method.Is("initialize"):
 			w.Header().Set("Retry-After", "1")
-			return h.reject(w, r, "table_full", http.StatusServiceUnavailable, codeServerError,
+			return 0, h.reject(w, r, "table_full", http.StatusServiceUnavailable, codeServerError,
 				"no room for a new MCP session: each of max_sessions sessions has a request in progress; retry shortly", body.id)
 		}
 	}
@@ -102,19 +109,19 @@ func (h *Handler) serveSessionless(w http.ResponseWriter, r *http.Request, next 
 	}
 	// Deferred so that a panic downstream still frees the new session's slot.
 	defer func() { ew.turn.Done(ew.status) }()
-	err := next.ServeHTTP(ew, r)
+	err = next.ServeHTTP(ew, r)
 	ew.settleStatus(err)
 	if ew.turn == (serializer.Turn{}) {
 		metrics.sessionless.Inc()
 	}
-	return err
+	return ew.status, err
 }
 
 // serveKeyed runs a session-less POST in its key's queue (the key
 // setting), as a session's POST runs in the session's. An initialize
 // holds the queue until its answer has ended, and may start a session
 // whose requests wait in the same queue.
-func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string) error {
+func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key, password string) error {
 	body, err := h.readBody(r)
 	defer h.budget.release(body.held)
 	if err != nil {
@@ -122,7 +129,7 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 		return h.rejectBody(w, r, err)
 	}
 	info := newRequestInfo(r, key)
-	info.keyed, info.method = true, body.method
+	info.keyed, info.method, info.password = true, body.method, password
 	if body.method.Is("initialize") {
 		return h.serveKeyedInitialize(w, r, next, info, body)
 	}
@@ -141,6 +148,12 @@ func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, n
 	if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
 		return err
 	}
+	unproven, err := h.awaitProof(r, info)
+	if err != nil {
+		publishNoSession(r)
+		return h.rejectWait(w, r, info, err, body.id)
+	}
+	defer unproven.Done(0)
 	turn, err := h.table.AcquireKeyed(r.Context(), info.sessionID, body.traits)
 	if err != nil {
 		publishNoSession(r)
@@ -153,7 +166,9 @@ func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, n
 		return err
 	}
 	defer ended()
-	return h.serveSessionless(w, r, next)
+	status, err := h.sessionlessExchange(w, r, next)
+	h.answered(info, status)
+	return err
 }
 
 // beginSession starts a gated session if the response to a session-less
@@ -188,8 +203,12 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request, 
 func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo, traits serializer.Traits, reqID []byte) error {
 	// Made before the turn: the table may ask it for a synthesizer.
 	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r}
+	unproven, err := h.awaitProof(r, info)
+	if err != nil {
+		return h.rejectWait(w, r, info, err, reqID)
+	}
+	defer unproven.Done(0)
 	var turn serializer.Turn
-	var err error
 	if info.keyed {
 		turn, err = h.table.AcquireKeyed(r.Context(), info.sessionID, traits)
 	} else {
@@ -213,6 +232,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	defer ended()
 	err = next.ServeHTTP(ew, r)
 	ew.settleStatus(err)
+	h.answered(info, ew.status)
 	return err
 }
 

@@ -1,0 +1,85 @@
+package caddymodule
+
+import (
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+// With key basic_user, anyone can name a user in Basic credentials; only
+// the MCP server can tell whether the password is right. A password's
+// requests share its user's queue freely once the server has accepted it
+// (a 2xx answer); until then they also wait for the user's other
+// unproven requests, one at a time, so that someone who only knows the
+// name holds the user's queue for one request at a time at most.
+
+// provenPasswords remembers the credentials the MCP server accepted, by
+// keyed hash, each until session_ttl after it was last accepted. It
+// belongs to the table, so that a reload keeps it.
+type provenPasswords struct {
+	mu    sync.Mutex
+	until map[string]time.Time
+	max   int
+}
+
+func newProvenPasswords(max int) *provenPasswords {
+	return &provenPasswords{until: map[string]time.Time{}, max: max}
+}
+
+// proven reports whether the server accepted password and that has not
+// expired.
+func (p *provenPasswords) proven(password string, now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	until, ok := p.until[password]
+	if ok && !now.Before(until) {
+		delete(p.until, password)
+		return false
+	}
+	return ok
+}
+
+// accepted records that the server accepted password, until until. A full
+// record forgets one credential first, whichever the map yields: only a
+// credential the server accepted can be added, and a forgotten one is
+// proven again by its next accepted request.
+func (p *provenPasswords) accepted(password string, until time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.until[password]; !ok && len(p.until) >= p.max {
+		for old := range p.until {
+			delete(p.until, old)
+			break
+		}
+	}
+	p.until[password] = until
+}
+
+// len is how many credentials are proven, expired ones included.
+func (p *provenPasswords) len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.until)
+}
+
+// awaitProof makes a request whose password is not yet proven wait for its
+// user's other unproven requests, at most queue_timeout: the returned turn
+// holds that line until the request ends. Any other request goes at once
+// (a zero turn).
+func (h *Handler) awaitProof(r *http.Request, info *requestInfo) (serializer.Turn, error) {
+	if info.password == "" || h.proven.proven(info.password, time.Now()) {
+		return serializer.Turn{}, nil
+	}
+	line, _ := info.owned()
+	return h.table.AcquireKeyed(r.Context(), line+" unproven", 0)
+}
+
+// answered records, for a request with key basic_user, that the MCP
+// server accepted its credentials if status is a 2xx.
+func (h *Handler) answered(info *requestInfo, status int) {
+	if info.password != "" && status >= 200 && status <= 299 {
+		h.proven.accepted(info.password, time.Now().Add(h.settings.SessionTTL))
+	}
+}
