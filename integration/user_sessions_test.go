@@ -23,6 +23,41 @@ func (r usersResult) summary() string {
 		r.Sessions, r.LostSessions, r.FailedSessions, r.HTTPErrors, r.ElapsedMs)
 }
 
+// connectUsers runs the client's users mode at url: rounds of 4 clients of
+// each of 2 users at once, with the passwords given ("shared" or
+// "distinct"). It fails the test if the client could not run them all.
+func connectUsers(t *testing.T, label, url string, rounds int, passwords string) usersResult {
+	t.Helper()
+	var res usersResult
+	runClient(t, 5*time.Minute, &res, "users", "--url", url, "--rounds", strconv.Itoa(rounds), "--users", "2", "--clients", "4",
+		"--passwords", passwords, "--timeout", "10000")
+	t.Logf("%s: %s", label, res.summary())
+	logSamples(t, res.Samples)
+	if res.Error != "" {
+		t.Fatalf("%s: client error: %s", label, res.Error)
+	}
+	if res.Sessions != rounds*8 {
+		t.Fatalf("%s: %d sessions ran, want %d", label, res.Sessions, rounds*8)
+	}
+	return res
+}
+
+// wantNoSessionLost fails the test unless every session kept working.
+func wantNoSessionLost(t *testing.T, label string, res usersResult) {
+	t.Helper()
+	if !res.OK || res.LostSessions != 0 || res.FailedSessions != 0 {
+		t.Errorf("%s: %s; want none lost or failed", label, res.summary())
+	}
+}
+
+// userSessionsBackend is the Caddyfile lines that serve the integration
+// PHP app, whose /user-mcp keeps all of a user's sessions in one record,
+// with every request writing its session's activity back (the adapter:
+// once a minute per session), so that the race shows within a short run.
+func userSessionsBackend(fpm *phpFPM) string {
+	return fmt.Sprintf("\troot * %s\n\tphp_fastcgi unix/%s {\n\t\tenv MCP_PHP_ACTIVITY_SECONDS 0\n\t}\n", fpm.PublicDir, fpm.Socket)
+}
+
 // A backend that keeps all of a user's sessions in one record, as
 // WordPress's MCP Adapter does, loses sessions when several clients of one
 // user connect at once: each initialize, activity update and DELETE
@@ -31,24 +66,10 @@ func (r usersResult) summary() string {
 func TestSessionsOfOneUserAreLostUnlessTheKeyIsTheirCredential(t *testing.T) {
 	prerequisites(t)
 	fpm := startPHPFPM(t, phpFPMOptions{})
-	// Every request writes its session's activity back (the adapter: once a
-	// minute per session), so that the race shows within a short run.
-	backend := fmt.Sprintf("\troot * %s\n\tphp_fastcgi unix/%s {\n\t\tenv MCP_PHP_ACTIVITY_SECONDS 0\n\t}\n", fpm.PublicDir, fpm.Socket)
-	const rounds, users, clients = 10, 2, 4
+	const rounds = 10
 	run := func(label, directives string) usersResult {
-		base := startCaddy(t, caddySite(directives+backend))
-		var res usersResult
-		runClient(t, 5*time.Minute, &res, "users", "--url", base+"/user-mcp",
-			"--rounds", strconv.Itoa(rounds), "--users", strconv.Itoa(users), "--clients", strconv.Itoa(clients), "--timeout", "10000")
-		t.Logf("%s: %s", label, res.summary())
-		logSamples(t, res.Samples)
-		if res.Error != "" {
-			t.Fatalf("%s: client error: %s", label, res.Error)
-		}
-		if res.Sessions != rounds*users*clients {
-			t.Fatalf("%s: %d sessions ran, want %d", label, res.Sessions, rounds*users*clients)
-		}
-		return res
+		base := startCaddy(t, caddySite(directives+userSessionsBackend(fpm)))
+		return connectUsers(t, label, base+"/user-mcp", rounds, "shared")
 	}
 	direct := run("direct to PHP-FPM", "")
 	bySession := run("through mcp_serializer, without key", "\tmcp_serializer\n")
@@ -61,7 +82,24 @@ func TestSessionsOfOneUserAreLostUnlessTheKeyIsTheirCredential(t *testing.T) {
 	if bySession.LostSessions == 0 {
 		t.Errorf("without key: no session lost, want about as many as directly (%d): ordering by session cannot order a user's sessions", direct.LostSessions)
 	}
-	if byUser.LostSessions != 0 || byUser.FailedSessions != 0 || !byUser.OK {
-		t.Errorf("with key on the credential: %s; want none lost or failed", byUser.summary())
+	wantNoSessionLost(t, "with key on the credential", byUser)
+}
+
+// Each client of a user with a password of its own, as WordPress's
+// Application Passwords are made: keyed on the Authorization header, each
+// password is a line of its own and sessions are lost; with key
+// basic_user, every password of the user shares one line, and none is.
+func TestEveryPasswordOfAUserSharesItsLineWithKeyBasicUser(t *testing.T) {
+	prerequisites(t)
+	fpm := startPHPFPM(t, phpFPMOptions{})
+	run := func(label, key string) usersResult {
+		base := startCaddy(t, caddySite("\tmcp_serializer {\n\t\tkey "+key+"\n\t}\n"+userSessionsBackend(fpm)))
+		return connectUsers(t, label, base+"/user-mcp", 10, "distinct")
 	}
+	byHeader := run("key on the Authorization header", "{http.request.header.Authorization}")
+	byUser := run("key basic_user", "basic_user")
+	if byHeader.LostSessions == 0 {
+		t.Errorf("keyed on the Authorization header, no session lost: the race between one user's passwords is not reproduced")
+	}
+	wantNoSessionLost(t, "key basic_user", byUser)
 }

@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 )
@@ -13,17 +12,11 @@ import (
 // adapterPath is where WordPress's MCP Adapter serves its default server.
 const adapterPath = "/wp-json/mcp/mcp-adapter-default-server"
 
-// runUsers runs the users client at url: 5 rounds of 4 clients of each of 2
-// users at once, and fails the test unless every session kept working.
+// runUsers runs 5 rounds of 4 clients of each of 2 users at once at url
+// and fails the test unless every session kept working.
 func runUsers(t *testing.T, label, url string) {
 	t.Helper()
-	var res usersResult
-	runClient(t, 5*time.Minute, &res, "users", "--url", url, "--rounds", "5", "--users", "2", "--clients", "4", "--timeout", "10000")
-	t.Logf("%s: %s", label, res.summary())
-	logSamples(t, res.Samples)
-	if !res.OK || res.LostSessions != 0 || res.FailedSessions != 0 || res.Sessions != 40 {
-		t.Errorf("%s: %s (error %q); want 40 sessions, none lost or failed", label, res.summary(), res.Error)
-	}
+	wantNoSessionLost(t, label, connectUsers(t, label, url, 5, "distinct"))
 }
 
 // The WordPress example, run as written in front of PHP-FPM serving a

@@ -59,7 +59,9 @@
 //   prompts/list and resources/list at once, then tools/list again, then
 //   DELETE. A session is lost when a request of it is answered 404 ("Session
 //   not found"): the server dropped it while the client still had it.
-//   Counts lost sessions and other failures.
+//   Counts lost sessions and other failures. `--passwords distinct` gives
+//   each client of a user a password of its own (as WordPress's Application
+//   Passwords are made, one per client); `shared` (the default), one.
 
 import { performance } from 'node:perf_hooks';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
@@ -71,7 +73,7 @@ const MAX_SAMPLES = 20;
 
 function parseArgs(argv) {
   const [mode, ...rest] = argv;
-  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false, timeoutMs: REPLY_TIMEOUT_MS, calls: 3, rounds: 1, tool: 'echo', steps: 5, users: 2, clients: 4 };
+  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false, timeoutMs: REPLY_TIMEOUT_MS, calls: 3, rounds: 1, tool: 'echo', steps: 5, users: 2, clients: 4, passwords: 'shared' };
   for (let i = 0; i < rest.length; i++) {
     const arg = rest[i];
     const next = () => {
@@ -91,11 +93,13 @@ function parseArgs(argv) {
       case '--rounds': opts.rounds = Number.parseInt(next(), 10); break;
       case '--users': opts.users = Number.parseInt(next(), 10); break;
       case '--clients': opts.clients = Number.parseInt(next(), 10); break;
+      case '--passwords': opts.passwords = next(); break;
       default: throw new Error(`unknown argument ${arg}`);
     }
   }
   if (!['flow', 'pipeline', 'sessions', 'calls', 'users'].includes(mode)) throw new Error('mode must be flow, pipeline, sessions, calls or users');
   if (!(opts.users >= 1) || !(opts.clients >= 1)) throw new Error('--users and --clients must be >= 1');
+  if (opts.passwords !== 'shared' && opts.passwords !== 'distinct') throw new Error('--passwords must be shared or distinct');
   if (!(opts.calls >= 1) || !(opts.rounds >= 1) || !(opts.steps >= 1)) throw new Error('--calls, --rounds and --steps must be >= 1');
   if (opts.tool !== 'echo' && opts.tool !== 'slow_count') throw new Error('--tool must be echo or slow_count');
   if (!(opts.timeoutMs >= 1)) throw new Error('--timeout must be >= 1 (ms)');
@@ -607,9 +611,10 @@ async function calls(opts) {
 }
 
 // One client of a user: its session's steps, and whether the server lost it.
-async function userSession(opts, run, user) {
+async function userSession(opts, run, user, clientIndex) {
   const stats = { exchanges: [] };
-  const authorization = `Basic ${Buffer.from(`${user}:password`).toString('base64')}`;
+  const password = opts.passwords === 'distinct' ? `password-${clientIndex}` : 'password';
+  const authorization = `Basic ${Buffer.from(`${user}:${password}`).toString('base64')}`;
   const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
     fetch: recordingFetch(stats, { skipGet: true }),
     requestInit: { headers: { Authorization: authorization } },
@@ -654,13 +659,13 @@ async function userSession(opts, run, user) {
 }
 
 async function users(opts) {
-  const run = { mode: 'users', users: opts.users, clients: opts.clients, rounds: opts.rounds, sessions: 0, lostSessions: 0, failedSessions: 0, httpErrors: {}, samples: [] };
+  const run = { mode: 'users', users: opts.users, clients: opts.clients, rounds: opts.rounds, passwords: opts.passwords, sessions: 0, lostSessions: 0, failedSessions: 0, httpErrors: {}, samples: [] };
   const started = performance.now();
   for (let round = 0; round < opts.rounds; round++) {
     const all = [];
     for (let u = 0; u < opts.users; u++) {
       for (let c = 0; c < opts.clients; c++) {
-        all.push(userSession(opts, run, `user${u}`).then((problems) => {
+        all.push(userSession(opts, run, `user${u}`, c).then((problems) => {
           if (problems.length > 0 && run.samples.length < MAX_SAMPLES) run.samples.push(`round ${round} user${u} client ${c}: ${problems.join('; ')}`);
         }));
       }

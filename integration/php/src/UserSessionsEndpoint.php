@@ -12,8 +12,9 @@ declare(strict_types=1);
  * at once, and the later write drops a session the other had just added or
  * kept: its next request is answered 404, -32005 "Session not found".
  *
- * The user is the name in the request's Basic credentials (no password
- * check: the tests only need whose record it is). Served at /user-mcp.
+ * The user is the name in the request's Basic credentials; any password
+ * but "wrong" is right (the tests need whose record it is, and a password
+ * the server refuses). Served at /user-mcp.
  */
 final class UserSessionsEndpoint
 {
@@ -26,6 +27,10 @@ final class UserSessionsEndpoint
         $user = $this->user();
         if ($user === null) {
             $this->httpError(401, -32600, 'Basic credentials required');
+            return;
+        }
+        if ($this->password() === 'wrong') {
+            $this->httpError(401, -32600, 'Incorrect password');
             return;
         }
         $sessionId = $_SERVER['HTTP_MCP_SESSION_ID'] ?? '';
@@ -122,6 +127,12 @@ final class UserSessionsEndpoint
         unset($sessions[$sessionId]);
         $this->store->saveUserSessions($user, $sessions);
         http_response_code(200);
+    }
+
+    private function password(): string
+    {
+        $decoded = base64_decode(substr($_SERVER['HTTP_AUTHORIZATION'] ?? '', 6), true);
+        return is_string($decoded) ? (explode(':', $decoded, 2)[1] ?? '') : '';
     }
 
     private function user(): ?string
