@@ -58,27 +58,25 @@ func (h *Handler) provisionKey() error {
 const keyBasicUser = "basic_user"
 
 // keyOf returns the queue a request goes to under the key setting: a
-// keyed hash of the key's value, "" when the value is empty. No session
-// id can equal it: it holds a space. With key basic_user, password is the
-// keyed hash of the request's credentials, which must be proven before
-// the request shares its user's queue freely (see proven.go).
-func (h *Handler) keyOf(r *http.Request) (line, password string) {
+// keyed hash of the key's value, "" when there is none. No session id can
+// equal it: it holds a space.
+func (h *Handler) keyOf(r *http.Request) string {
 	if h.Key == keyBasicUser {
 		user, _, ok := r.BasicAuth()
 		if !ok || user == "" {
-			return "", ""
+			return ""
 		}
-		return "key " + h.hashKey(keyBasicUser+" "+strings.ToLower(user)), h.hashKey(r.Header.Get("Authorization"))
+		return "key " + h.hashKey(keyBasicUser+" "+strings.ToLower(user))
 	}
 	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if !ok {
-		return "", ""
+		return ""
 	}
 	value := repl.ReplaceAll(h.Key, "")
 	if value == "" {
-		return "", ""
+		return ""
 	}
-	return "key " + h.hashKey(value), ""
+	return "key " + h.hashKey(value)
 }
 
 // hashKey is the hex of value's hash keyed with the key's secret.

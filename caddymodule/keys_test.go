@@ -27,8 +27,7 @@ func TestAKeysQueueIsNamedByAHashKeyedWithItsSecret(t *testing.T) {
 		r := httptest.NewRequest("POST", "/mcp", nil)
 		r.Header.Set("Authorization", credential)
 		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), httptest.NewRecorder(), nil)
-		line, _ := h.keyOf(r)
-		return line
+		return h.keyOf(r)
 	}
 	mac := func(secret []byte) string {
 		m := hmac.New(sha256.New, secret)

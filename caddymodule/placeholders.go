@@ -40,7 +40,6 @@ const (
 type requestInfo struct {
 	sessionID       string // the session, or the key's queue when keyed
 	line            string // a session's request with a key: the key's queue, which it also waits in
-	password        string // with key basic_user: the keyed hash of the request's credentials
 	method          serializer.Method
 	protocolVersion string // as the client sent it
 	waited          time.Duration

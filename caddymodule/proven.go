@@ -64,22 +64,32 @@ func (p *provenPasswords) len() int {
 	return len(p.until)
 }
 
-// awaitProof makes a request whose password is not yet proven wait for its
-// user's other unproven requests, at most queue_timeout: the returned turn
-// holds that line until the request ends. Any other request goes at once
-// (a zero turn).
-func (h *Handler) awaitProof(r *http.Request, info *requestInfo) (serializer.Turn, error) {
-	if info.password == "" || h.proven.proven(info.password, time.Now()) {
-		return serializer.Turn{}, nil
+// awaitProof makes a request with key basic_user whose password is not
+// yet proven wait for its user's other unproven requests, at most
+// queue_timeout: the returned turn holds that line until the request
+// ends. Any other request goes at once (a zero turn). password is the
+// keyed hash of the request's credentials with key basic_user, for
+// answered.
+func (h *Handler) awaitProof(r *http.Request, info *requestInfo) (unproven serializer.Turn, password string, err error) {
+	line := info.line
+	if info.keyed {
+		line = info.sessionID
 	}
-	line, _ := info.owned()
-	return h.table.AcquireKeyed(r.Context(), line+" unproven", 0)
+	if h.Key != keyBasicUser || line == "" {
+		return serializer.Turn{}, "", nil
+	}
+	password = h.hashKey(r.Header.Get("Authorization"))
+	if h.proven.proven(password, time.Now()) {
+		return serializer.Turn{}, password, nil
+	}
+	unproven, err = h.table.AcquireKeyed(r.Context(), line+" unproven", 0)
+	return unproven, password, err
 }
 
-// answered records, for a request with key basic_user, that the MCP
-// server accepted its credentials if status is a 2xx.
-func (h *Handler) answered(info *requestInfo, status int) {
-	if info.password != "" && status >= 200 && status <= 299 {
-		h.proven.accepted(info.password, time.Now().Add(h.settings.SessionTTL))
+// answered records, with key basic_user, that the MCP server accepted the
+// credentials whose hash is password if status is a 2xx.
+func (h *Handler) answered(password string, status int) {
+	if password != "" && status >= 200 && status <= 299 {
+		h.proven.accepted(password, time.Now().Add(h.settings.SessionTTL))
 	}
 }

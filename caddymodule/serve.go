@@ -34,8 +34,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return next.ServeHTTP(w, r)
 		}
 		if h.Key != "" {
-			if key, password := h.keyOf(r); key != "" {
-				return h.serveKeyed(w, r, next, key, password)
+			if key := h.keyOf(r); key != "" {
+				return h.serveKeyed(w, r, next, key)
 			}
 		}
 		return h.serveSessionless(w, r, next)
@@ -47,7 +47,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	info := newRequestInfo(r, ids[0])
 	if h.Key != "" && r.Method != http.MethodGet {
-		info.line, info.password = h.keyOf(r)
+		info.line = h.keyOf(r)
 	}
 	info.publish(r)
 	if r.Method != http.MethodPost {
@@ -121,7 +121,7 @@ func (h *Handler) sessionlessExchange(w http.ResponseWriter, r *http.Request, ne
 // setting), as a session's POST runs in the session's. An initialize
 // holds the queue until its answer has ended, and may start a session
 // whose requests wait in the same queue.
-func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key, password string) error {
+func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string) error {
 	body, err := h.readBody(r)
 	defer h.budget.release(body.held)
 	if err != nil {
@@ -129,7 +129,7 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 		return h.rejectBody(w, r, err)
 	}
 	info := newRequestInfo(r, key)
-	info.keyed, info.method, info.password = true, body.method, password
+	info.keyed, info.method = true, body.method
 	if body.method.Is("initialize") {
 		return h.serveKeyedInitialize(w, r, next, info, body)
 	}
@@ -148,7 +148,7 @@ func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, n
 	if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
 		return err
 	}
-	unproven, err := h.awaitProof(r, info)
+	unproven, password, err := h.awaitProof(r, info)
 	if err != nil {
 		publishNoSession(r)
 		return h.rejectWait(w, r, info, err, body.id)
@@ -167,7 +167,7 @@ func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, n
 	}
 	defer ended()
 	status, err := h.sessionlessExchange(w, r, next)
-	h.answered(info, status)
+	h.answered(password, status)
 	return err
 }
 
@@ -203,7 +203,7 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request, 
 func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo, traits serializer.Traits, reqID []byte) error {
 	// Made before the turn: the table may ask it for a synthesizer.
 	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r}
-	unproven, err := h.awaitProof(r, info)
+	unproven, password, err := h.awaitProof(r, info)
 	if err != nil {
 		return h.rejectWait(w, r, info, err, reqID)
 	}
@@ -232,7 +232,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	defer ended()
 	err = next.ServeHTTP(ew, r)
 	ew.settleStatus(err)
-	h.answered(info, ew.status)
+	h.answered(password, ew.status)
 	return err
 }
 
