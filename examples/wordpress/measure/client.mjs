@@ -1,5 +1,7 @@
 // MCP Streamable HTTP workload against the WordPress MCP Adapter: K clients
-// of ONE WordPress user (same Application Password) connect at once, N rounds.
+// of ONE WordPress user connect at once, N rounds. They share one
+// Application Password, or, when MCP_AUTH holds several, client c of every
+// round uses the c-th.
 //
 // Each client: initialize (await; take Mcp-Session-Id) -> notifications/
 // initialized + tools/list + prompts/list + resources/list sent together
@@ -7,7 +9,8 @@
 // A session is LOST when any follow-up is answered 404 or with JSON-RPC error
 // -32005 / "Session not found".
 //
-// Environment: MCP_URL, MCP_AUTH ("user:application password"), ROUNDS (50),
+// Environment: MCP_URL, MCP_AUTH ("user:application password", or several
+// such lines, one per client), ROUNDS (50),
 // CLIENTS (4), TIMEOUT_MS (30000), LABEL, DUMP (print the first session's
 // answers). Prints a summary and, last, one
 // line "RESULT <json>".
@@ -24,7 +27,11 @@ const ROUNDS = Number(process.env.ROUNDS || 50);
 const K = Number(process.env.CLIENTS || 4);
 const TIMEOUT_MS = Number(process.env.TIMEOUT_MS || 30000);
 const LABEL = process.env.LABEL || '';
-const authorization = 'Basic ' + Buffer.from(auth).toString('base64');
+// One credential per line: client c (1-based) uses line ((c - 1) mod count).
+const authorizations = auth
+  .split('\n')
+  .filter((l) => l !== '')
+  .map((l) => 'Basic ' + Buffer.from(l).toString('base64'));
 const PROTOCOL = '2025-06-18';
 
 const totals = {
@@ -54,7 +61,7 @@ function sample(what) {
 }
 
 // One HTTP exchange. Returns {status, headers, msgs: [jsonrpc...], error}.
-async function send(method, body, sessionId, protocolVersion) {
+async function sendAs(authorization, method, body, sessionId, protocolVersion) {
   const headers = {
     Authorization: authorization,
     Accept: 'application/json, text/event-stream',
@@ -124,7 +131,7 @@ function isSessionLost(r) {
 
 // Tally what an answer says apart from "session lost". Returns true if fine.
 function tally(r, id, what) {
-  if (r.status === 0) return false; // counted in send()
+  if (r.status === 0) return false; // counted in sendAs()
   if (isSessionLost(r)) return false; // counted per session by the caller
   let ok = true;
   if (r.status >= 500) {
@@ -158,6 +165,7 @@ function tally(r, id, what) {
 
 async function client(round, n) {
   totals.sessions++;
+  const send = sendAs.bind(null, authorizations[(n - 1) % authorizations.length]);
   const init = await send('POST', {
     jsonrpc: '2.0',
     id: 1,

@@ -1,11 +1,12 @@
 <?php
 /**
  * Installs WordPress (no wp-cli here), activates the MCP Adapter plugin and
- * creates an Application Password for the admin user.
+ * creates Application Passwords for the admin user.
  *
- * Usage: php setup.php <wordpress dir>
+ * Usage: php setup.php <wordpress dir> [count]
  * (wp-config.php must exist; `run` writes it.)
- * Prints one line: "<user>:<application password>".
+ * Creates count Application Passwords (default 1) and prints one line per
+ * password: "<user>:<application password>".
  */
 
 if ( PHP_SAPI !== 'cli' || $argc < 2 ) {
@@ -14,6 +15,11 @@ if ( PHP_SAPI !== 'cli' || $argc < 2 ) {
 }
 
 $wp_dir = rtrim( $argv[1], '/' );
+$count  = isset( $argv[2] ) ? (int) $argv[2] : 1;
+if ( $count < 1 ) {
+	fwrite( STDERR, "count must be 1 or more\n" );
+	exit( 2 );
+}
 
 define( 'WP_INSTALLING', true );
 $_SERVER['HTTP_HOST']   = parse_url( getenv( 'MEASURE_SITE_URL' ) ?: 'http://127.0.0.1', PHP_URL_HOST );
@@ -57,10 +63,17 @@ if ( ! wp_is_application_passwords_available_for_user( $u ) ) {
 	fwrite( STDERR, "application passwords are not available (WP_ENVIRONMENT_TYPE must be local over plain HTTP)\n" );
 	exit( 1 );
 }
-$created = WP_Application_Passwords::create_new_application_password( $u->ID, array( 'name' => 'mcp-measure' ) );
-if ( is_wp_error( $created ) ) {
-	fwrite( STDERR, 'application password: ' . $created->get_error_message() . "\n" );
-	exit( 1 );
+// One password: named as before. Several: one per client, as WordPress's
+// UI makes one per application.
+$lines = array();
+for ( $i = 1; $i <= $count; $i++ ) {
+	$name    = 1 === $count ? 'mcp-measure' : "mcp-measure-client-$i";
+	$created = WP_Application_Passwords::create_new_application_password( $u->ID, array( 'name' => $name ) );
+	if ( is_wp_error( $created ) ) {
+		fwrite( STDERR, 'application password: ' . $created->get_error_message() . "\n" );
+		exit( 1 );
+	}
+	$lines[] = $user . ':' . $created[0];
 }
 
-echo $user . ':' . $created[0] . "\n";
+echo implode( "\n", $lines ) . "\n";
