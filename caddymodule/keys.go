@@ -11,6 +11,8 @@ import (
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
 // A key's value may be a credential (an Authorization header), so the
@@ -79,11 +81,11 @@ func (h *Handler) keyOf(r *http.Request) string {
 	return "key " + h.hashKey(value)
 }
 
-// hashKey is the hex of value's hash keyed with the key's secret.
+// hashKey is the hex of value's hash keyed with the key's secret, or
+// without one its plain hash, as a Store keys records.
 func (h *Handler) hashKey(value string) string {
 	if h.keySecret == nil {
-		sum := sha256.Sum256([]byte(value))
-		return hex.EncodeToString(sum[:])
+		return serializer.StoreKey(value)
 	}
 	mac := hmac.New(sha256.New, h.keySecret)
 	mac.Write([]byte(value))

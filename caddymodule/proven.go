@@ -71,11 +71,8 @@ func (p *provenPasswords) len() int {
 // keyed hash of the request's credentials with key basic_user, for
 // answered.
 func (h *Handler) awaitProof(r *http.Request, info *requestInfo) (unproven serializer.Turn, password string, err error) {
-	line := info.line
-	if info.keyed {
-		line = info.sessionID
-	}
-	if h.Key != keyBasicUser || line == "" {
+	line, lined := info.owned()
+	if h.Key != keyBasicUser || !lined {
 		return serializer.Turn{}, "", nil
 	}
 	password = h.hashKey(r.Header.Get("Authorization"))
