@@ -55,12 +55,14 @@ func TestClusterRoundRobinInstanceKilledMidRun(t *testing.T) {
 	for _, front := range roundRobinFronts {
 		t.Run(front.String(), func(t *testing.T) {
 			c := startRoundRobinCluster(t, startRedis(t), front)
-			wait, done := pipelineInBackground(t, c, front.String()+", instance killed mid-run", clusterN(t, roundRobinFaultsN))
-			sleepUnlessDone(t, 2*time.Second, done, "the kill")
+			n := clusterN(t, roundRobinFaultsN)
+			run := startFaultRun(t, c, front.String()+", instance killed mid-run", n, n/3)
+			run.heldAt(t, n/3)
 			victim := c.Instances[1]
 			victim.kill(t)
-			t.Logf("killed %s", victim.Name)
-			res := wait()
+			t.Logf("killed %s after %d connects", victim.Name, n/3)
+			run.resume(t)
+			res := run.wait(t, c)
 			wantBoundedThroughFault(t, c, res, crossedRepliesFail)
 			wantNothingStuck(t, c)
 
@@ -75,45 +77,58 @@ func TestClusterRoundRobinInstanceKilledMidRun(t *testing.T) {
 // cannot be learned goes in its instance's order, and no wait outlasts its
 // bound.
 func TestClusterRoundRobinRedisRestartedMidRun(t *testing.T) {
-	runThroughRedisFault(t, "redis restarted", func(t *testing.T, redis *redisServer, done <-chan struct{}) {
+	runThroughRedisFault(t, "redis restarted", 2*time.Second, func(t *testing.T, redis *redisServer) {
 		redis.kill(t)
 		t.Logf("redis killed")
-		sleepUnlessDone(t, 2*time.Second, done, "restarting Redis")
+	}, func(t *testing.T, redis *redisServer) {
 		redis.start(t)
 		t.Logf("redis restarted, empty")
 	})
 }
 
 // Redis unresponsive (SIGSTOP: connections accepted, nothing answered) for
-// 6 s, then back with its data (SIGCONT), in the middle of a run behind
-// round robin: every engine call ends at the redis timeout, and no wait
-// outlasts its bound.
+// at least 6 s, then back with its data (SIGCONT), in the middle of a run
+// behind round robin: every engine call ends at the redis timeout, and no
+// wait outlasts its bound.
 func TestClusterRoundRobinRedisUnresponsiveMidRun(t *testing.T) {
-	runThroughRedisFault(t, "redis unresponsive", func(t *testing.T, redis *redisServer, done <-chan struct{}) {
+	runThroughRedisFault(t, "redis unresponsive", 6*time.Second, func(t *testing.T, redis *redisServer) {
 		redis.signal(t, syscall.SIGSTOP)
 		t.Cleanup(func() { redis.signal(t, syscall.SIGCONT) }) // the cleanup's SIGTERM needs it running
-		pause := 6 * time.Second
-		t.Logf("redis paused for %v", pause)
-		sleepUnlessDone(t, pause, done, "resuming Redis")
+		t.Logf("redis paused")
+	}, func(t *testing.T, redis *redisServer) {
 		redis.signal(t, syscall.SIGCONT)
 		t.Logf("redis resumed")
 	})
 }
 
 // runThroughRedisFault runs pipelined connects behind each round-robin
-// front, brings fault on Redis 2 s in, and checks that the run stayed
-// within its bounds, left nothing stuck, counted the failed engine calls,
-// and that the next 100 connects fail none.
-func runThroughRedisFault(t *testing.T, name string, fault func(t *testing.T, redis *redisServer, done <-chan struct{})) {
+// front, begins the fault on Redis once a third of them have ended and
+// ends it once at least outage has passed and as many connects as run at
+// once have ended since, and checks that the run stayed within its bounds,
+// left nothing stuck, counted the failed engine calls, and that the next
+// 100 connects fail none. The client is held while a fault begins or ends,
+// so both land mid-run. (A connect that meets Redis away can be held at
+// the gate to init_timeout: ending the fault only after a third of the
+// run would stretch it over minutes.)
+func runThroughRedisFault(t *testing.T, name string, outage time.Duration, begin, end func(t *testing.T, redis *redisServer)) {
 	prerequisites(t)
 	for _, front := range roundRobinFronts {
 		t.Run(front.String(), func(t *testing.T) {
 			redis := startRedis(t)
 			c := startRoundRobinCluster(t, redis, front)
-			wait, done := pipelineInBackground(t, c, front.String()+", "+name+" mid-run", clusterN(t, roundRobinFaultsN))
-			sleepUnlessDone(t, 2*time.Second, done, "the fault")
-			fault(t, redis, done)
-			res := wait()
+			n := clusterN(t, roundRobinFaultsN)
+			from, to := n/3, n/3+pipelineConcurrency
+			run := startFaultRun(t, c, front.String()+", "+name+" mid-run", n, from, to)
+			run.heldAt(t, from)
+			begin(t, redis)
+			began := time.Now()
+			run.resume(t)
+			time.Sleep(outage)
+			run.heldAt(t, to)
+			end(t, redis)
+			t.Logf("the fault lasted %v, from %d connects to %d", time.Since(began).Round(time.Millisecond), from, to)
+			run.resume(t)
+			res := run.wait(t, c)
 			wantBoundedThroughFault(t, c, res, crossedRepliesLogged)
 			wantNothingStuck(t, c)
 			wantStateErrorsCounted(t, c)

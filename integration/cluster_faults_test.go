@@ -5,35 +5,102 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
-// pipelineInBackground starts the SDK client's pipelined connects through
-// the front; wait returns its result.
-func pipelineInBackground(t *testing.T, c *cluster, label string, n int) (wait func() pipelineResult, done <-chan struct{}) {
+// pipelineConcurrency is how many connects a fault run keeps in flight.
+const pipelineConcurrency = 8
+
+// faultRun is the SDK client's pipelined connects through the front,
+// running in the background. The client holds at the counts of ended
+// connects it was given until the test resumes it, so a fault injected
+// while it is held lands mid-run however fast the machine is.
+type faultRun struct {
+	label    string
+	resumeW  *os.File
+	held     chan int
+	finished chan struct{}
+	res      pipelineResult
+}
+
+// startFaultRun starts n pipelined connects through c's front, held at each
+// of holdAt (ascending, each below n).
+func startFaultRun(t *testing.T, c *cluster, label string, n int, holdAt ...int) *faultRun {
 	t.Helper()
-	finished := make(chan struct{})
-	var res pipelineResult
+	for i, k := range holdAt {
+		if k < 1 || k >= n || (i > 0 && k <= holdAt[i-1]) {
+			t.Fatalf("hold at %v of %d connects: want rising counts below %d", holdAt, n, n)
+		}
+	}
+	resumeR, resumeW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Closing the pipe releases every barrier, so a test that stops early
+	// leaves no client held.
+	t.Cleanup(func() { resumeW.Close(); resumeR.Close() })
+	r := &faultRun{label: label, resumeW: resumeW, held: make(chan int, len(holdAt)), finished: make(chan struct{})}
+	args := []string{"pipeline", "--url", c.Front + "/mcp", "--n", strconv.Itoa(n), "--concurrency", strconv.Itoa(pipelineConcurrency), "--get", "open"}
+	if len(holdAt) > 0 {
+		counts := make([]string, len(holdAt))
+		for i, k := range holdAt {
+			counts[i] = strconv.Itoa(k)
+		}
+		args = append(args, "--hold-at", strings.Join(counts, ","))
+	}
+	sio := scriptIO{stdin: resumeR, onLine: func(line string) {
+		if k, ok := strings.CutPrefix(line, "held "); ok {
+			if n, err := strconv.Atoi(k); err == nil {
+				r.held <- n
+			}
+		}
+	}}
 	go func() {
-		defer close(finished) // also when runClient fails the test
-		res = runPipelineResult(t, c, n)
+		defer close(r.finished) // also when runClientWith fails the test
+		runClientWith(t, sio, 15*time.Minute, &r.res, args...)
 	}()
-	return func() pipelineResult {
-		t.Helper()
-		select {
-		case <-finished:
-		case <-time.After(16 * time.Minute):
-			t.Fatalf("%s: the client did not finish within 16 minutes", label)
+	return r
+}
+
+// heldAt waits until the client holds at k ended connects, failing the
+// test if it ends first.
+func (r *faultRun) heldAt(t *testing.T, k int) {
+	t.Helper()
+	select {
+	case got := <-r.held:
+		if got != k {
+			t.Fatalf("%s: the client held at %d connects, want %d", r.label, got, k)
 		}
-		if t.Failed() {
-			t.FailNow()
-		}
-		logRun(t, c, label, res)
-		return res
-	}, finished
+	case <-r.finished:
+		t.Fatalf("%s: the run ended before it held at %d connects", r.label, k)
+	}
+}
+
+// resume lets the held client go on.
+func (r *faultRun) resume(t *testing.T) {
+	t.Helper()
+	if _, err := r.resumeW.WriteString("go\n"); err != nil {
+		t.Fatalf("%s: resuming the client: %v", r.label, err)
+	}
+}
+
+// wait returns the run's result once the client has ended.
+func (r *faultRun) wait(t *testing.T, c *cluster) pipelineResult {
+	t.Helper()
+	select {
+	case <-r.finished:
+	case <-time.After(16 * time.Minute):
+		t.Fatalf("%s: the client did not finish within 16 minutes", r.label)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	logRun(t, c, r.label, r.res)
+	return r.res
 }
 
 // runPipelineResult runs the client without logging its summary.
@@ -41,17 +108,6 @@ func runPipelineResult(t *testing.T, c *cluster, n int) pipelineResult {
 	var res pipelineResult
 	runClient(t, 15*time.Minute, &res, "pipeline", "--url", c.Front+"/mcp", "--n", strconv.Itoa(n), "--concurrency", "8", "--get", "open")
 	return res
-}
-
-// sleepUnlessDone waits d, failing the test if the run ends before: the
-// fault must hit a run in progress.
-func sleepUnlessDone(t *testing.T, d time.Duration, done <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-done:
-		t.Fatalf("the run ended before %s; raise MCP_SERIALIZER_CLUSTER_N", what)
-	case <-time.After(d):
-	}
 }
 
 // wantOnlyClearErrors fails the test when a connect hung or got a reply
@@ -92,12 +148,13 @@ func TestClusterInstanceKilledMidRun(t *testing.T) {
 	c := startCluster(t, clusterOptions{State: redisState(redis), Front: deadInstanceFront})
 
 	n := clusterN(t, 300)
-	wait, done := pipelineInBackground(t, c, "instance killed mid-run", n)
-	sleepUnlessDone(t, 3*time.Second, done, "the kill")
+	run := startFaultRun(t, c, "instance killed mid-run", n, n/3)
+	run.heldAt(t, n/3)
 	victim := c.Instances[1]
 	victim.kill(t)
-	t.Logf("killed %s", victim.Name)
-	res := wait()
+	t.Logf("killed %s after %d connects", victim.Name, n/3)
+	run.resume(t)
+	res := run.wait(t, c)
 	wantOnlyClearErrors(t, res)
 	// At most the connects in flight at the kill (8) are hit, each through
 	// one request or two; allow twice that for the health check's lag.
@@ -120,14 +177,16 @@ func TestClusterRedisRestartedMidRun(t *testing.T) {
 	c := startCluster(t, clusterOptions{State: redisState(redis)})
 
 	n := clusterN(t, 400)
-	wait, done := pipelineInBackground(t, c, "redis restarted mid-run", n)
-	sleepUnlessDone(t, 2*time.Second, done, "stopping Redis")
+	run := startFaultRun(t, c, "redis restarted mid-run", n, n/4, n/2)
+	run.heldAt(t, n/4)
 	redis.kill(t)
-	t.Logf("redis killed")
-	sleepUnlessDone(t, 3*time.Second, done, "restarting Redis")
+	t.Logf("redis killed after %d connects", n/4)
+	run.resume(t)
+	run.heldAt(t, n/2)
 	redis.start(t)
-	t.Logf("redis restarted")
-	res := wait()
+	t.Logf("redis restarted after %d connects", n/2)
+	run.resume(t)
+	res := run.wait(t, c)
 	errs := c.stateErrors(t)
 	t.Logf("state errors by operation: %v", errs)
 	wantOnlyClearErrors(t, res)
@@ -182,7 +241,7 @@ func TestClusterRestartedInstanceKeepsSessionGated(t *testing.T) {
 
 			setLevel := setLevelAsync(client, b.URL+"/mcp", session)
 			// Give setLevel the lead it has in a pipelined connect.
-			time.Sleep(500 * time.Millisecond)
+			waitHeldOrAnswered(t, c, setLevel)
 			initializedAt := time.Now()
 			resp, body = post(t, client, b.URL+"/mcp", session, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
 			if resp.StatusCode != http.StatusAccepted {
@@ -212,6 +271,25 @@ func TestClusterRestartedInstanceKeepsSessionGated(t *testing.T) {
 				t.Fatalf("logging/setLevel was answered before notifications/initialized was sent")
 			}
 		})
+	}
+}
+
+// waitHeldOrAnswered waits until a request waits at one of the cluster's
+// running instances, or reply has come (a gate that held nothing), failing
+// after 40 s.
+func waitHeldOrAnswered(t *testing.T, c *cluster, reply <-chan timedReply) {
+	t.Helper()
+	deadline := time.Now().Add(40 * time.Second)
+	for len(reply) == 0 {
+		for _, in := range c.Instances {
+			if in.proc.running() && instanceSessionCounts(t, in)["waiting_requests"] > 0 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the request neither waited nor was answered within 40s")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -47,43 +47,75 @@ func wantNoLostUpdate(t *testing.T, label string, r timedCartRace) {
 	}
 }
 
-// cartRacesInBackground runs handle races one after another until the
-// returned stop is called; stop waits for the race under way and returns
-// them all.
-func cartRacesInBackground(t *testing.T, c *cluster) (stop func() []timedCartRace) {
+// cartRaces are handle races run one after another in the background.
+type cartRaces struct {
+	mu    sync.Mutex
+	races []timedCartRace
+	begun []time.Time // when each race, the one under way included, started
+	quit  chan struct{}
+	ended chan struct{}
+}
+
+// cartRacesInBackground runs handle races one after another until stop is
+// called.
+func cartRacesInBackground(t *testing.T, c *cluster) *cartRaces {
 	t.Helper()
-	var (
-		mu    sync.Mutex
-		races []timedCartRace
-		quit  = make(chan struct{})
-		ended = make(chan struct{})
-	)
+	r := &cartRaces{quit: make(chan struct{}), ended: make(chan struct{})}
 	go func() {
-		defer close(ended) // also when runV2Client fails the test
+		defer close(r.ended) // also when runV2Client fails the test
 		for {
 			select {
-			case <-quit:
+			case <-r.quit:
 				return
 			default:
 			}
-			r := runCartRace(t, c)
-			mu.Lock()
-			races = append(races, r)
-			mu.Unlock()
+			r.mu.Lock()
+			r.begun = append(r.begun, time.Now())
+			r.mu.Unlock()
+			race := runCartRace(t, c)
+			r.mu.Lock()
+			r.races = append(r.races, race)
+			r.mu.Unlock()
 		}
 	}()
-	return func() []timedCartRace {
-		t.Helper()
-		close(quit)
-		select {
-		case <-ended:
-		case <-time.After(3 * time.Minute):
-			t.Fatal("the handle race under way did not end within 3 minutes")
+	return r
+}
+
+// waitStartedAfter waits until a race has started after at, failing the
+// test if none does within 3 minutes (a race lasts seconds).
+func (r *cartRaces) waitStartedAfter(t *testing.T, at time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		r.mu.Lock()
+		started := len(r.begun) > 0 && r.begun[len(r.begun)-1].After(at)
+		r.mu.Unlock()
+		if started {
+			return
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		return races
+		select {
+		case <-r.ended:
+			t.Fatal("the handle races ended before one started after " + at.Format(time.StampMilli))
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no handle race started within 3 minutes")
+		}
 	}
+}
+
+// stop waits for the race under way and returns them all.
+func (r *cartRaces) stop(t *testing.T) []timedCartRace {
+	t.Helper()
+	close(r.quit)
+	select {
+	case <-r.ended:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the handle race under way did not end within 3 minutes")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.races
 }
 
 // Parallel calls on one cart handle through three instances behind round

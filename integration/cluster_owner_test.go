@@ -1,6 +1,9 @@
 package integration
 
 import (
+	"bufio"
+	"bytes"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -87,10 +90,10 @@ func TestClusterOwnerLongCallsOutlastARedisOutage(t *testing.T) {
 					"--calls", "1", "--tool", "slow_count", "--steps", "7", "--timeout", "30000")
 				done <- res
 			}()
-			time.Sleep(2 * time.Second)
+			waitInFlight(t, c, 12, done)
 			redis.signal(t, syscall.SIGSTOP)
 			t.Cleanup(func() { redis.signal(t, syscall.SIGCONT) })
-			t.Log("redis paused for 8s")
+			t.Log("all 12 calls upstream; redis paused for 8s")
 			time.Sleep(8 * time.Second)
 			redis.signal(t, syscall.SIGCONT)
 			var res callsResult
@@ -109,6 +112,31 @@ func TestClusterOwnerLongCallsOutlastARedisOutage(t *testing.T) {
 				t.Errorf("the calls took %d ms: they did not run through the outage", res.ElapsedMs)
 			}
 		})
+	}
+}
+
+// waitInFlight waits until the cluster's instances have n sessions with an
+// exchange upstream between them, failing the test if the client ends
+// first or 2 minutes pass.
+func waitInFlight[T any](t *testing.T, c *cluster, n int, ended <-chan T) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		inFlight := 0
+		for _, in := range c.Instances {
+			inFlight += instanceSessionCounts(t, in)["in_flight"]
+		}
+		if inFlight >= n {
+			return
+		}
+		select {
+		case <-ended:
+			t.Fatalf("the client ended before %d sessions had an exchange upstream at once", n)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions with an exchange upstream after 2 minutes, want %d", inFlight, n)
+		}
 	}
 }
 
@@ -148,7 +176,7 @@ func TestClusterOwnerSessionsOfAKilledInstanceAreTakenOverStillGated(t *testing.
 	t.Logf("killed %s, the owner of three sessions, one still initializing", b.Name)
 
 	setLevel := setLevelAsync(client, a.URL+"/mcp", gated)
-	time.Sleep(500 * time.Millisecond)
+	waitHeldOrAnswered(t, c, setLevel)
 	initializedAt := initialized(t, cc, gated)
 	var got timedReply
 	select {
@@ -298,20 +326,21 @@ func TestClusterOwnerStoppedMidCallHandsItsSessionOnOnceTheCallEnds(t *testing.T
 			}
 
 			callStart := time.Now()
-			call := make(chan timedReply, 1)
-			go func() {
-				status, body, err := postNoFatal(client, a.URL+"/mcp", session, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"slow_count","arguments":{"n":`+strconv.Itoa(steps)+`}}}`)
-				if err != nil {
-					body = []byte(err.Error())
+			call, progressed := slowCountAsync(client, a.URL+"/mcp", session, steps)
+			// The second step is reported a step after the first: the call
+			// has run upstream that long when the owner stops.
+			for range 2 {
+				select {
+				case <-progressed:
+				case got := <-call:
+					t.Fatalf("the call ended before its second step: %d %s", got.status, got.body)
 				}
-				call <- timedReply{status: status, body: body, at: time.Now()}
-			}()
-			time.Sleep(2 * time.Second)
+			}
 			stopped := time.Now()
 			if err := syscall.Kill(-a.proc.cmd.Process.Pid, sig); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(200 * time.Millisecond) // the listener is closed
+			a.waitRefusing(t)
 			status, body, err := postNoFatal(client, b.URL+"/mcp", session, `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
 			listAt := time.Now()
 			if err != nil || status != http.StatusOK || !strings.Contains(string(body), `"tools"`) {
@@ -341,4 +370,41 @@ func TestClusterOwnerStoppedMidCallHandsItsSessionOnOnceTheCallEnds(t *testing.T
 			}
 		})
 	}
+}
+
+// slowCountAsync calls slow_count to n in session from its own goroutine,
+// asking for progress: progressed gets a value per progress notification
+// as it arrives, reply the answer once the call has ended (a failure to
+// send or read comes as its body).
+func slowCountAsync(client *http.Client, url, session string, n int) (reply <-chan timedReply, progressed <-chan struct{}) {
+	replies, progress := make(chan timedReply, 1), make(chan struct{}, n)
+	go func() {
+		body := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"slow_count","arguments":{"n":` + strconv.Itoa(n) + `},"_meta":{"progressToken":"p"}}}`
+		req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		if err != nil {
+			replies <- timedReply{body: []byte(err.Error()), at: time.Now()}
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Session-Id", session)
+		resp, err := client.Do(req)
+		if err != nil {
+			replies <- timedReply{body: []byte(err.Error()), at: time.Now()}
+			return
+		}
+		defer resp.Body.Close()
+		var all bytes.Buffer
+		lines := bufio.NewScanner(io.TeeReader(resp.Body, &all))
+		for lines.Scan() {
+			if strings.HasPrefix(lines.Text(), "data:") && strings.Contains(lines.Text(), `"notifications/progress"`) {
+				progress <- struct{}{}
+			}
+		}
+		if err := lines.Err(); err != nil {
+			all.WriteString(err.Error())
+		}
+		replies <- timedReply{status: resp.StatusCode, body: all.Bytes(), at: time.Now()}
+	}()
+	return replies, progress
 }

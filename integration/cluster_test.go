@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -217,6 +218,24 @@ func (in *caddyInstance) start(t testing.TB) {
 func (in *caddyInstance) kill(t testing.TB) {
 	t.Helper()
 	in.proc.stop(t, syscall.SIGKILL, 5*time.Second)
+}
+
+// waitRefusing waits until the instance's port refuses connections (a
+// stopping Caddy closes its listener first), failing after 30 s.
+func (in *caddyInstance) waitRefusing(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(in.Port), time.Second)
+		if err != nil {
+			return
+		}
+		conn.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still accepts connections 30s after it was told to stop", in.Name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // metrics returns the sum of every sample of a metric on the instance's

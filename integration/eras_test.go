@@ -49,7 +49,7 @@ func v2Script(t testing.TB, name string) (node, script string) {
 func runV2Client(t testing.TB, timeout time.Duration, result any, args ...string) {
 	t.Helper()
 	node, script := v2Script(t, "v2client.mjs")
-	runNodeScript(t, "v2client", node, script, 4000, timeout, result, args...)
+	runNodeScript(t, "v2client", node, script, 4000, scriptIO{}, timeout, result, args...)
 }
 
 // v2Connects is v2client.mjs's connects mode's final line.

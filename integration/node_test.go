@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,13 +49,28 @@ func clientScript(t testing.TB) (node, script string) {
 // malformed result line is. The client's stderr is logged.
 func runClient(t testing.TB, timeout time.Duration, result any, args ...string) {
 	t.Helper()
+	runClientWith(t, scriptIO{}, timeout, result, args...)
+}
+
+// runClientWith runs the client script as runClient does, connected to the
+// test through sio.
+func runClientWith(t testing.TB, sio scriptIO, timeout time.Duration, result any, args ...string) {
+	t.Helper()
 	node, script := clientScript(t)
-	runNodeScript(t, "client", node, script, 8000, timeout, result, args...)
+	runNodeScript(t, "client", node, script, 8000, sio, timeout, result, args...)
+}
+
+// scriptIO connects a running script to its test: stdin, when set, is the
+// script's input, and onLine, when set, gets each line the script prints on
+// stdout as it comes (the barriers it is held at, say).
+type scriptIO struct {
+	stdin  io.Reader
+	onLine func(line string)
 }
 
 // runNodeScript runs a client script as runClient describes, naming it
 // label in the test log, which keeps the last logTail bytes of its stderr.
-func runNodeScript(t testing.TB, label, node, script string, logTail int, timeout time.Duration, result any, args ...string) {
+func runNodeScript(t testing.TB, label, node, script string, logTail int, sio scriptIO, timeout time.Duration, result any, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -63,7 +79,11 @@ func runNodeScript(t testing.TB, label, node, script string, logTail int, timeou
 	cmd.WaitDelay = 5 * time.Second
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout
+	if sio.onLine != nil {
+		cmd.Stdout = io.MultiWriter(&stdout, &lineWriter{onLine: sio.onLine})
+	}
 	cmd.Stderr = &stderr
+	cmd.Stdin = sio.stdin
 	start := time.Now()
 	runErr := cmd.Run()
 	t.Logf("%s %s (%v):\n%s", label, strings.Join(args, " "), time.Since(start).Round(time.Millisecond), tail(stderr.String(), logTail))
@@ -78,6 +98,25 @@ func runNodeScript(t testing.TB, label, node, script string, logTail int, timeou
 	last := lines[len(lines)-1]
 	if err := json.Unmarshal([]byte(last), result); err != nil {
 		t.Fatalf("%s result line %q: %v (exit: %v)", label, tail(last, 2000), err, runErr)
+	}
+}
+
+// lineWriter hands each complete line written to it to onLine; exec writes
+// a command's stdout from one goroutine, so no lock is needed.
+type lineWriter struct {
+	onLine  func(string)
+	partial []byte
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.partial = append(w.partial, p...)
+	for {
+		i := bytes.IndexByte(w.partial, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		w.onLine(string(w.partial[:i]))
+		w.partial = w.partial[i+1:]
 	}
 }
 

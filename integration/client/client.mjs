@@ -32,6 +32,10 @@
 //   has its reply (or has given up on it), for every connect whose
 //   `initialize` returned a session; DELETE and closing the transport are
 //   not included.
+//   --hold-at K[,K2…]: once K connects have ended, start no more until a
+//   line arrives on stdin (or stdin closes), and say so with `held K` on
+//   stdout. A test injects its fault while the run is held, so the fault
+//   lands mid-run on any machine, however fast.
 //
 // sessions: N ordinary SDK clients, `--concurrency` of them at a time, each
 //   doing what an application's client does: connect (initialize, then
@@ -64,6 +68,7 @@
 //   Passwords are made, one per client); `shared` (the default), one.
 
 import { performance } from 'node:perf_hooks';
+import readline from 'node:readline';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { LATEST_PROTOCOL_VERSION } from '@modelcontextprotocol/sdk/types.js';
@@ -73,7 +78,7 @@ const MAX_SAMPLES = 20;
 
 function parseArgs(argv) {
   const [mode, ...rest] = argv;
-  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false, timeoutMs: REPLY_TIMEOUT_MS, calls: 3, rounds: 1, tool: 'echo', steps: 5, users: 2, clients: 4, passwords: 'shared' };
+  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false, timeoutMs: REPLY_TIMEOUT_MS, calls: 3, rounds: 1, tool: 'echo', steps: 5, users: 2, clients: 4, passwords: 'shared', holdAt: [] };
   for (let i = 0; i < rest.length; i++) {
     const arg = rest[i];
     const next = () => {
@@ -94,6 +99,7 @@ function parseArgs(argv) {
       case '--users': opts.users = Number.parseInt(next(), 10); break;
       case '--clients': opts.clients = Number.parseInt(next(), 10); break;
       case '--passwords': opts.passwords = next(); break;
+      case '--hold-at': opts.holdAt = next().split(',').map((k) => Number.parseInt(k, 10)); break;
       default: throw new Error(`unknown argument ${arg}`);
     }
   }
@@ -106,6 +112,7 @@ function parseArgs(argv) {
   if (!opts.url) throw new Error('--url is required');
   if (opts.get !== 'open' && opts.get !== 'skip') throw new Error('--get must be open or skip');
   if (!(opts.concurrency >= 1)) throw new Error('--concurrency must be >= 1');
+  if (!opts.holdAt.every((k, i) => k >= 1 && (i === 0 || k > opts.holdAt[i - 1]))) throw new Error('--hold-at takes rising counts >= 1');
   return opts;
 }
 
@@ -388,8 +395,40 @@ function percentile(values, p) {
   return Math.round(sorted[i] * 10) / 10;
 }
 
+// barriers returns hold(done): it resolves at once until done reaches the
+// next of counts, then only once stdin gives a line for that count (or
+// closes). Each count is announced once, on stdout, as `held K`.
+function barriers(counts) {
+  if (counts.length === 0) return async () => {};
+  const gates = counts.map((count) => {
+    let open;
+    const opened = new Promise((resolve) => { open = resolve; });
+    return { count, opened, open, announced: false };
+  });
+  let released = 0;
+  const lines = readline.createInterface({ input: process.stdin });
+  const releaseNext = () => {
+    if (released < gates.length) gates[released++].open();
+    if (released === gates.length) lines.close();
+  };
+  lines.on('line', releaseNext);
+  lines.on('close', () => { while (released < gates.length) releaseNext(); });
+  return async (done) => {
+    for (const gate of gates) {
+      if (done < gate.count) return;
+      if (!gate.announced) {
+        gate.announced = true;
+        log(`held at ${gate.count} connects`);
+        process.stdout.write(`held ${gate.count}\n`);
+      }
+      await gate.opened;
+    }
+  };
+}
+
 async function pipeline(opts) {
   const n = opts.n ?? 200;
+  const hold = barriers(opts.holdAt.filter((k) => k < n));
   const run = {
     mode: 'pipeline',
     n,
@@ -412,7 +451,9 @@ async function pipeline(opts) {
   let done = 0;
   const started = performance.now();
   const worker = async () => {
-    while (next < n) {
+    for (;;) {
+      await hold(done);
+      if (next >= n) return;
       const index = next++;
       let problems;
       try {
