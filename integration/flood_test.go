@@ -113,7 +113,6 @@ func TestInitializeFloodLeavesOtherSessionsUnharmed(t *testing.T) {
 	wg.Wait()
 	floodElapsed := time.Since(floodStart)
 	cancel()
-	time.Sleep(100 * time.Millisecond) // one more sample after the last response
 	floodMax, floodSamples, last := s.stop()
 
 	t.Logf("with the flood: %v (p50 %v, p99 %v)", flooded, flooded.Latency(0.5), flooded.Latency(0.99))
@@ -216,20 +215,15 @@ func startSessionSampler(t testing.TB, admin string) *sessionSampler {
 	go func() {
 		defer close(s.done)
 		for {
-			counts, err := sampleSessions(client, admin)
-			s.mu.Lock()
-			if err != nil && s.err == nil {
-				s.err = err
-			}
-			if err == nil {
-				s.max = max(s.max, counts.Sessions)
-				s.samples++
-				s.last = counts
-			}
-			s.mu.Unlock()
 			select {
 			case <-s.stopped:
+				s.sample(client) // the last, after every response
 				return
+			default:
+			}
+			s.sample(client)
+			select {
+			case <-s.stopped:
 			case <-time.After(25 * time.Millisecond):
 			}
 		}
@@ -259,6 +253,20 @@ func (s *sessionSampler) peak() int {
 
 // stop ends sampling and returns the most sessions seen since the last
 // peak, the number of samples, and the last counts.
+func (s *sessionSampler) sample(client *http.Client) {
+	counts, err := sampleSessions(client, s.admin)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil && s.err == nil {
+		s.err = err
+	}
+	if err == nil {
+		s.max = max(s.max, counts.Sessions)
+		s.samples++
+		s.last = counts
+	}
+}
+
 func (s *sessionSampler) stop() (maxSeen, samples int, last tableCountsSample) {
 	close(s.stopped)
 	<-s.done
