@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"net/http"
 	"slices"
@@ -44,6 +45,15 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 	target := orig.URL.String()
 	header := r.Header.Clone()
 	remoteAddr, host := r.RemoteAddr, r.Host
+	// reverse_proxy's X-Forwarded-Proto and php_fastcgi's HTTPS, REQUEST_SCHEME
+	// and SERVER_ADDR come from these: without them an app that requires
+	// HTTPS redirects the notification instead of acknowledging it.
+	var tlsState *tls.ConnectionState
+	if r.TLS != nil {
+		state := *r.TLS
+		tlsState = &state
+	}
+	localAddr := r.Context().Value(http.LocalAddrContextKey)
 
 	return func(ctx context.Context) bool {
 		srv := runningServer(server, listen)
@@ -53,6 +63,9 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 			return false
 		}
 		ctx = context.WithValue(ctx, synthesizedKey{}, true)
+		if localAddr != nil {
+			ctx = context.WithValue(ctx, http.LocalAddrContextKey, localAddr)
+		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(initializedNotification))
 		if err != nil {
 			return false
@@ -65,6 +78,7 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 		req.Header.Del("Transfer-Encoding")
 		req.ContentLength = int64(len(initializedNotification))
 		req.RemoteAddr, req.Host, req.RequestURI = remoteAddr, host, orig.RequestURI
+		req.TLS = tlsState
 
 		rec := &statusRecorder{header: http.Header{}}
 		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, srv)
