@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -58,8 +59,10 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 	return func(ctx context.Context) bool {
 		srv := runningServer(server, listen)
 		if srv == nil {
-			h.logger.Warn("on_init_timeout synthesize: no server of the running config listens where the session was created; the gate opens without it",
-				zap.String("session", serializer.SessionHash(id)), zap.Strings("listen", listen))
+			if ok, suppressed := h.synthWarns.Allow(time.Now()); ok {
+				h.logger.Warn("on_init_timeout synthesize: no server of the running config listens where the session was created; the gate opens without it",
+					zap.String("session", serializer.SessionHash(id)), zap.Strings("listen", listen), zap.Int("suppressed", suppressed))
+			}
 			return false
 		}
 		ctx = context.WithValue(ctx, synthesizedKey{}, true)
@@ -87,8 +90,10 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 			return true // the client's own was acknowledged while it waited
 		}
 		status := statusOf(rec.status, err)
-		h.logger.Warn("sent notifications/initialized on the client's behalf (on_init_timeout synthesize)",
-			zap.String("session", serializer.SessionHash(id)), zap.Int("status", status), zap.Error(err))
+		if ok, suppressed := h.synthWarns.Allow(time.Now()); ok {
+			h.logger.Warn("sent notifications/initialized on the client's behalf (on_init_timeout synthesize)",
+				zap.String("session", serializer.SessionHash(id)), zap.Int("status", status), zap.Error(err), zap.Int("suppressed", suppressed))
+		}
 		return status >= 200 && status < 300
 	}
 }

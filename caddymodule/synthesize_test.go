@@ -11,6 +11,7 @@ import (
 	"net/http/fcgi"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testcerts"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
 )
 
 // startCaddyTLS is startCaddy with the site served over HTTPS, as
@@ -161,5 +163,60 @@ php_fastcgi `+l.Addr().String())
 		default:
 			t.Fatalf("%s never reached PHP", want)
 		}
+	}
+}
+
+// Any client can create sessions and walk away without initialized: the
+// WARN each synthesized notification writes is spaced as the gate-timeout
+// WARN is, at most one per warnlimit.Interval, the next naming how many it
+// held back.
+func TestSynthesizeWarnsAtMostOncePerInterval(t *testing.T) {
+	const sessions = 20
+	var created atomic.Int32
+	_, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		sid := fmt.Sprintf("walked-away-%d", created.Add(1))
+		mcpAnswer(sid, nil)(w, r, body)
+	})
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	start := time.Now()
+	c := startCaddyLogging(t, logFile, `mcp_serializer {
+	init_timeout 300ms
+	on_init_timeout synthesize
+}
+reverse_proxy `+addr)
+	ctx := context.Background()
+
+	var ids []string
+	for range sessions {
+		a := call(ctx, http.DefaultClient, http.MethodPost, c.url, "", initializeBody)
+		if a.err != nil || a.status != http.StatusOK {
+			t.Fatalf("initialize: %d %v %s", a.status, a.err, a.body)
+		}
+		ids = append(ids, a.header.Get("Mcp-Session-Id"))
+	}
+	// A request held in each session is let go once the synthesized
+	// notification has ended, its WARN written.
+	var held []<-chan answer
+	for _, id := range ids {
+		held = append(held, callAsync(ctx, http.MethodPost, c.url, id, rpcRequest("2", "tools/list")))
+	}
+	for _, h := range held {
+		expectResult(t, await(t, h, 5*time.Second, "held request"), "2")
+	}
+	elapsed := time.Since(start)
+
+	module, _ := readLogs(t, logFile, "walked-away-")
+	var warns []map[string]any
+	for _, l := range module {
+		if l["msg"] == "sent notifications/initialized on the client's behalf (on_init_timeout synthesize)" {
+			warns = append(warns, l)
+		}
+	}
+	bound := 1 + int(elapsed/warnlimit.Interval)
+	if len(warns) == 0 || len(warns) > bound {
+		t.Fatalf("%d synthesize WARN lines for %d sessions in %v, want 1 to %d", len(warns), sessions, elapsed, bound)
+	}
+	if got := warns[0]["suppressed"]; got != float64(0) {
+		t.Errorf("first synthesize WARN: suppressed = %v, want 0", got)
 	}
 }
