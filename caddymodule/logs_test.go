@@ -9,9 +9,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/http/fcgi"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -195,4 +199,107 @@ func readLogs(t *testing.T, file string, secrets ...string) (module []map[string
 		}
 	}
 	return module, others
+}
+
+// The log configuration docs/operating.md shows keeps the raw session id
+// out of every log Caddy writes a request to, its error log included: the
+// block runs as written, with PHP-FPM down (a request answered 502) then
+// up (a session created and used), every log at DEBUG to a file. Only the site's address, its root and the PHP-FPM
+// socket are the test's.
+func TestDocumentedLogFilterHashesTheSessionIDInEveryLog(t *testing.T) {
+	block := docsCaddyfile(t, "../docs/operating.md", "## Logs")
+	dir := t.TempDir()
+	logFile := filepath.Join(dir, "caddy.log")
+	if err := os.WriteFile(filepath.Join(dir, "index.php"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := &testCaddy{port: testnet.FreePort(t), adminPort: testnet.FreePort(t)}
+	c.url = fmt.Sprintf("http://127.0.0.1:%d", c.port)
+
+	caddyfile := block
+	for _, r := range []struct{ pattern, with string }{
+		{`(?m)^\{\n`, fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n", c.adminPort)},
+		{`(?m)^(\t*)log \{\n`, "${1}log {\n${1}\toutput file " + logFile + "\n${1}\tlevel DEBUG\n"},
+		{`(?m)^[a-z0-9.-]+\.[a-z]+ \{$`, c.url + " {"},
+		{`(?m)^(\t*)root \* \S+$`, "${1}root * " + dir},
+		{`(?m)^(\t*)php_fastcgi \S+`, "${1}php_fastcgi unix/" + filepath.Join(dir, "php-fpm-down.sock")},
+	} {
+		re := regexp.MustCompile(r.pattern)
+		if !re.MatchString(caddyfile) {
+			t.Fatalf("the Logs block of docs/operating.md has no %s:\n%s", r.pattern, block)
+		}
+		caddyfile = re.ReplaceAllString(caddyfile, r.with)
+	}
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, caddyfile)
+	}
+	loadCaddy(t, cfg)
+
+	secret := make([]byte, 16)
+	rand.Read(secret)
+	sid := "SeCrEt-" + hex.EncodeToString(secret)
+	password := "PaSsWoRd-" + hex.EncodeToString(secret)
+	req, _ := http.NewRequest(http.MethodPost, c.url+"/mcp", strings.NewReader(rpcRequest("1", "tools/list")))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Mcp-Session-Id", sid)
+	req.Header.Set("Authorization", "Bearer "+password)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status %d with PHP-FPM down, want 502", resp.StatusCode)
+	}
+
+	// PHP-FPM back: a session created, its id in the response headers
+	// (access log, reverse_proxy at DEBUG), then used.
+	const created = "CrEaTeD-session-id"
+	sock, err := net.Listen("unix", filepath.Join(dir, "php-fpm-down.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sock.Close() })
+	answer := mcpAnswer(created, nil)
+	go fcgi.Serve(sock, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		answer(w, r, body)
+	}))
+	init := call(context.Background(), http.DefaultClient, http.MethodPost, c.url+"/mcp", "", initializeBody)
+	if init.status != http.StatusOK || init.header.Get("Mcp-Session-Id") != created {
+		t.Fatalf("initialize with PHP-FPM up: %d %v %s", init.status, init.err, init.body)
+	}
+	if a := call(context.Background(), http.DefaultClient, http.MethodPost, c.url+"/mcp", created, initializedBody); a.status != http.StatusAccepted {
+		t.Fatalf("initialized: %d %v %s", a.status, a.err, a.body)
+	}
+
+	// Each log line is written before its response leaves.
+	data, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, logger := range []string{`"logger":"http.log.error`, `"logger":"http.log.access`} {
+		if !strings.Contains(string(data), logger) {
+			t.Fatalf("no %s line: the test did not see the log it checks\n%s", logger, data)
+		}
+	}
+	if _, others := readLogs(t, logFile, sid, password, created); len(others) > 0 {
+		t.Fatalf("with the documented log filter, these loggers wrote the raw session id or password: %s\n%s", strings.Join(others, ", "), data)
+	}
+}
+
+// docsCaddyfile returns the first Caddyfile block of page after heading.
+func docsCaddyfile(t *testing.T, page, heading string) string {
+	t.Helper()
+	text, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(text), "\n"+heading+"\n")
+	m := regexp.MustCompile("(?s)```caddyfile\n(.*?)```").FindStringSubmatch(section)
+	if !ok || m == nil {
+		t.Fatalf("%s: no Caddyfile block under %q", page, heading)
+	}
+	return m[1]
 }
