@@ -181,6 +181,45 @@ func TestClientLeavingTheQueueIsNeverForwarded(t *testing.T) {
 	}
 }
 
+// A client that leaves in the middle of an initialize answered as an event
+// stream (reverse_proxy then aborts the handler with a panic) frees the
+// session it created: the client's next request gets its turn at once.
+func TestClientLeavingAnInitializeStreamFreesTheNewSession(t *testing.T) {
+	const sid = "left-mid-initialize"
+	_, addr := newUpstream(t, mcpAnswer(sid, func(m rpcMsg, w http.ResponseWriter, r *http.Request) bool {
+		if m.Method != "initialize" {
+			return false
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Mcp-Session-Id", sid)
+		io.WriteString(w, ": open\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // Caddy cancels it once the client has left
+		return true
+	}))
+	c := startCaddy(t, "mcp_serializer {\n\tqueue_timeout 3s\n}\nreverse_proxy "+addr)
+
+	ctx, leave := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.url, strings.NewReader(initializeBody))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || first != ": open\n" || resp.Header.Get("Mcp-Session-Id") != sid {
+		t.Fatalf("initialize stream: %d, session %q, first line %q, %v", resp.StatusCode, resp.Header.Get("Mcp-Session-Id"), first, err)
+	}
+	leave()
+	resp.Body.Close()
+
+	// Waits for the initialize exchange to end, then goes: 503 at
+	// queue_timeout if that exchange never gave its turn back.
+	if a := call(context.Background(), http.DefaultClient, http.MethodPost, c.url, sid, initializedBody); a.status != http.StatusAccepted {
+		t.Fatalf("initialized after the client left the initialize stream: %d %s, want 202", a.status, a.body)
+	}
+}
+
 func TestBodiesReachUpstreamByteIdenticalWithContentLength(t *testing.T) {
 	up, addr := newUpstream(t, nil)
 	c := startCaddy(t, "mcp_serializer {\n\tmax_body 1KiB\n}\nreverse_proxy "+addr)
