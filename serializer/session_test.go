@@ -86,12 +86,16 @@ func TestInitializedGoesAheadOfHeldMessagesWhichKeepTheirOrder(t *testing.T) {
 	mustGet(t, toolsList).turn.Done(200)
 }
 
+// Only a 2xx acknowledges: an error, or a redirect (an app that wants
+// HTTPS answering a plain-HTTP request), leaves the gate closed.
 func TestGateStaysClosedWhenInitializedIsNotAcknowledged(t *testing.T) {
 	tab, _ := newTestTable(t, nil)
 	initialize, _ := tab.Begin("s", nil)
 	initialize.Done(200)
 	held := acquireAsync(t, tab, bg, "s", 0)
 	mustGet(t, acquireAsync(t, tab, bg, "s", CarriesInitialized)).turn.Done(500)
+	mustWait(t, held)
+	mustGet(t, acquireAsync(t, tab, bg, "s", CarriesInitialized)).turn.Done(301)
 	mustWait(t, held)
 	mustGet(t, acquireAsync(t, tab, bg, "s", CarriesInitialized)).turn.Done(202)
 	mustGet(t, held).turn.Done(200)
