@@ -73,6 +73,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 			kept = append(kept, t)
 		}
 	}
+	clear(c.timers[len(kept):]) // a dropped timer's func must not stay reachable
 	c.timers = kept
 	c.mu.Unlock()
 	for _, f := range due {

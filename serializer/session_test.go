@@ -3,9 +3,11 @@ package serializer
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 )
 
 var bg = context.Background()
@@ -592,4 +594,68 @@ func TestQueueTimeoutBoundsTheWaitInSessionAndLineTogether(t *testing.T) {
 	mustWait(t, a3) // in the line, behind b
 	b.turn.Done(200)
 	mustGet(t, a3).turn.Done(200)
+}
+
+// heldRequest stands for what a waiting request keeps: its body and
+// headers, reached from its line through the SynthSource it gave.
+type heldRequest struct{ body []byte }
+
+func (*heldRequest) Synthesizer(string) func(context.Context) bool { return nil }
+
+// acquireHoldingAsync is acquireAsync for a request that gives a
+// heldRequest, which it returns only as a weak pointer: the test itself
+// keeps nothing of it alive.
+func acquireHoldingAsync(t *testing.T, tab *Table, id string) (<-chan result, weak.Pointer[heldRequest]) {
+	t.Helper()
+	src := &heldRequest{body: make([]byte, 512<<10)}
+	before := waitingCount(tab, id)
+	ch := make(chan result, 1)
+	go func() {
+		turn, err := tab.AcquireFrom(bg, id, 0, src)
+		ch <- result{turn, err}
+	}()
+	eventually(t, func() bool { return waitingCount(tab, id) > before || len(ch) > 0 })
+	return ch, weak.Make(src)
+}
+
+// freed reports whether p's value has been collected, after a few
+// garbage collections.
+func freed[T any](p weak.Pointer[T]) bool {
+	for range 5 {
+		runtime.GC()
+		if p.Value() == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// A request that waited in line is not kept once it has ended, whether
+// its turn came or queue_timeout answered it: the line keeps its backing
+// array, and an element left in it would hold the request's body and
+// headers until the session expires.
+func TestAnEndedRequestIsNotKeptByItsSessionsLine(t *testing.T) {
+	tab, clock := newTestTable(t, nil) // queue_timeout 30 s
+	first, _ := tab.Acquire(bg, "s", 0)
+	queued, granted := acquireHoldingAsync(t, tab, "s")
+	first.Done(200)
+	mustGet(t, queued).turn.Done(200)
+	clock.Advance(0) // the fake clock lets go of its stopped timers
+	if !freed(granted) {
+		t.Error("a request whose turn came is still referenced after it ended")
+	}
+
+	busy, _ := tab.Acquire(bg, "s", 0)
+	late, timedOut := acquireHoldingAsync(t, tab, "s")
+	clock.Advance(30 * time.Second)
+	if r := mustGet(t, late); !errors.Is(r.err, ErrQueueTimeout) {
+		t.Fatalf("late request: %v, want ErrQueueTimeout", r.err)
+	}
+	busy.Done(200)
+	if !freed(timedOut) {
+		t.Error("a request that timed out in line is still referenced after it was answered")
+	}
+	if _, ok := tracked(tab, "s"); !ok {
+		t.Fatal("the session was forgotten: the test no longer shows what its line keeps")
+	}
 }

@@ -1,5 +1,7 @@
 package serializer
 
+import "slices"
+
 // A session's slot, as one state machine: which request may go upstream
 // now, and which may go beside it. Every change of the slot and of the
 // line of waiting requests is made here, by a function named for the
@@ -92,7 +94,9 @@ func (s *Session) stopWaiting(w *waiter, err error) {
 	s.mu.Lock()
 	for i, x := range s.waiting {
 		if x == w {
-			s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
+			// slices.Delete clears the freed element: the line's backing
+			// array must not keep an ended request (body, headers) alive.
+			s.waiting = slices.Delete(s.waiting, i, i+1)
 			w.err = err
 			close(w.ready)
 			break
@@ -122,7 +126,7 @@ func (s *Session) exchangeEnded(overtook bool) {
 // grant removes waiting[i] and gives it a turn. Caller holds s.mu.
 func (s *Session) grant(i int, overtake bool) {
 	w := s.waiting[i]
-	s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
+	s.waiting = slices.Delete(s.waiting, i, i+1) // clears the freed element
 	w.overtake = overtake
 	if !overtake {
 		s.slot = slotExchange
