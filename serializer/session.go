@@ -41,10 +41,13 @@ type Session struct {
 	list       *sessionList
 	prev, next *Session
 
-	mu       sync.Mutex
-	slot     slotState // written in slot.go only
-	waiting  []*waiter // arrival order, held ones included; slot.go only
-	initGate           // written in gate.go only
+	mu      sync.Mutex
+	slot    slotState // written in slot.go only
+	waiting []*waiter // arrival order, held ones included; slot.go only
+	// overtaker: a reply or cancellation that overtook the slot's holder
+	// is upstream; written in slot.go only.
+	overtaker bool
+	initGate  // written in gate.go only
 
 	// With a Store only; the writes are written in writes.go only.
 	writing    bool          // a write is on its way to the Store, or waits to be tried again

@@ -207,6 +207,84 @@ func TestRepliesOvertakeAStreamingExchange(t *testing.T) {
 	mustGet(t, ordinary).turn.Done(200)
 }
 
+// mustBeWaiting asserts that a request acquireAsync has started is still
+// in its line: acquireAsync returns once it is, or once it has its turn.
+func mustBeWaiting(t *testing.T, ch <-chan result, what string) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		t.Fatalf("%s got its turn (err=%v), want it to wait", what, r.err)
+	default:
+	}
+}
+
+// A reply that overtook a stream holds the session's slot until it ends:
+// the stream ending first does not let the next request go beside it.
+// The stream does not wait for it: it ends while the reply still runs.
+func TestAnOvertakingReplyHoldsTheSlotUntilItEnds(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	call, _ := tab.Acquire(bg, "s", 0)
+	call.Streaming()
+	cancel := mustGet(t, acquireAsync(t, tab, bg, "s", RepliesOnly))
+	if !cancel.turn.Overtook() {
+		t.Fatal("the cancellation did not overtake the stream")
+	}
+	call.Done(200)
+	next := acquireAsync(t, tab, bg, "s", 0)
+	mustBeWaiting(t, next, "the next request, while the cancellation that overtook runs,")
+	cancel.turn.Done(202)
+	r := mustGet(t, next)
+	if r.err != nil || r.turn.Overtook() {
+		t.Fatalf("next request: err=%v overtook=%v", r.err, r.turn.Overtook())
+	}
+	r.turn.Done(200)
+}
+
+// Overtakers go one at a time: a second reply waits for the first, then
+// overtakes the stream still running; an ordinary request waits for all.
+func TestOvertakersGoOneAtATime(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	call, _ := tab.Acquire(bg, "s", 0)
+	call.Streaming()
+	first := mustGet(t, acquireAsync(t, tab, bg, "s", RepliesOnly))
+	second := acquireAsync(t, tab, bg, "s", RepliesOnly)
+	mustBeWaiting(t, second, "a second overtaker, beside the first,")
+	ordinary := acquireAsync(t, tab, bg, "s", 0)
+	first.turn.Done(202)
+	r := mustGet(t, second)
+	if r.err != nil || !r.turn.Overtook() {
+		t.Fatalf("second reply: err=%v overtook=%v, want it to overtake the stream", r.err, r.turn.Overtook())
+	}
+	third := acquireAsync(t, tab, bg, "s", RepliesOnly)
+	mustBeWaiting(t, third, "a third overtaker, beside the second,")
+	r.turn.Done(202)
+	mustGet(t, third).turn.Done(202)
+	mustBeWaiting(t, ordinary, "an ordinary request, behind the stream,")
+	call.Done(200)
+	mustGet(t, ordinary).turn.Done(200)
+}
+
+// A reply that waited for an overtaker while the stream ended goes in
+// arrival order as any request: the slot is the overtaker's until it ends.
+func TestAReplyWaitingForAnOvertakerGoesInOrderOnceTheStreamEnds(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	call, _ := tab.Acquire(bg, "s", 0)
+	call.Streaming()
+	first := mustGet(t, acquireAsync(t, tab, bg, "s", RepliesOnly))
+	reply := acquireAsync(t, tab, bg, "s", RepliesOnly)
+	ordinary := acquireAsync(t, tab, bg, "s", 0)
+	call.Done(200)
+	mustBeWaiting(t, reply, "a reply, while the overtaker holds the slot,")
+	first.turn.Done(202)
+	r := mustGet(t, reply)
+	if r.err != nil || r.turn.Overtook() {
+		t.Fatalf("reply: err=%v overtook=%v, want an ordinary turn", r.err, r.turn.Overtook())
+	}
+	mustBeWaiting(t, ordinary, "the request behind the reply")
+	r.turn.Done(202)
+	mustGet(t, ordinary).turn.Done(200)
+}
+
 func TestRepliesQueueBehindAJSONExchange(t *testing.T) {
 	tab, _ := newTestTable(t, nil)
 	call, _ := tab.Acquire(bg, "s", 0)

@@ -13,16 +13,20 @@ import "slices"
 //   - slotExchange: its exchange runs upstream; or, for a session met
 //     first through a request with a Store, the lookup of its record holds
 //     the slot (lookupHoldsSlot), so that requests arriving meanwhile
-//     queue in arrival order;
+//     queue in arrival order; or the exchange an overtaker went beside
+//     has ended and the overtaker, still upstream, holds the slot alone;
 //   - slotStreaming: the exchange's response is an event stream
 //     (responseStreams), which may wait for the client's replies.
 //
 // When may a request overtake? A message carrying only replies or
 // cancellations goes beside the holder while it streams, once the gate
-// is open (canOvertake). Every other request waits for the free slot in
-// arrival order, and only for one its gate admits. dispatch hands out
-// whatever turns the state allows; every transition that can free a turn
-// ends with it.
+// is open and no other overtaker runs (canOvertake): overtakers go one at
+// a time, and the slot is free only once the holder and its overtaker
+// have both ended, so the next request never runs beside either. The
+// holder never waits for its overtaker: it may be waiting for that very
+// reply. Every other request waits for the free slot in arrival order,
+// and only for one its gate admits. dispatch hands out whatever turns the
+// state allows; every transition that can free a turn ends with it.
 
 type slotState uint8
 
@@ -44,7 +48,7 @@ const (
 // canOvertake reports whether a request with these traits may go beside
 // the slot's holder. Caller holds s.mu.
 func (s *Session) canOvertake(t Traits) bool {
-	return t.Has(RepliesOnly) && s.slot == slotStreaming && s.gate == gateOpen
+	return t.Has(RepliesOnly) && s.slot == slotStreaming && s.gate == gateOpen && !s.overtaker
 }
 
 // initializeBegan: Begin's initialize exchange holds the slot of the
@@ -72,6 +76,7 @@ func (s *Session) lookupEnded() {
 func (s *Session) requestArrived(traits Traits, maxQueue int) (arrival, error) {
 	switch {
 	case s.canOvertake(traits):
+		s.overtaker = true
 		return arrivalOvertakes, nil
 	case s.gate == gateRejecting && !traits.Has(CarriesInitialized):
 		return arrivalWaits, ErrNotInitialized
@@ -114,10 +119,20 @@ func (s *Session) responseStreams() {
 }
 
 // exchangeEnded: an exchange has ended, or its request left before it
-// went upstream; unless it overtook, the slot is free. Caller holds s.mu,
-// after the exchange's other effects on the session (a gate opened).
+// went upstream. The slot is free once the holder and the overtaker
+// beside it, if any, have both ended; a holder that ends first leaves the
+// slot to its overtaker. Caller holds s.mu, after the exchange's other
+// effects on the session (a gate opened).
 func (s *Session) exchangeEnded(overtook bool) {
-	if !overtook {
+	switch {
+	case overtook:
+		s.overtaker = false
+		if s.slot != slotStreaming {
+			s.slot = slotFree // the exchange it went beside had ended
+		}
+	case s.overtaker:
+		s.slot = slotExchange // held by the overtaker until it ends
+	default:
 		s.slot = slotFree
 	}
 	s.dispatch()
@@ -128,7 +143,9 @@ func (s *Session) grant(i int, overtake bool) {
 	w := s.waiting[i]
 	s.waiting = slices.Delete(s.waiting, i, i+1) // clears the freed element
 	w.overtake = overtake
-	if !overtake {
+	if overtake {
+		s.overtaker = true
+	} else {
 		s.slot = slotExchange
 	}
 	close(w.ready)
