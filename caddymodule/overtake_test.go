@@ -12,7 +12,8 @@ import (
 
 // overtakeUpstream answers a tools/call with an event stream that lasts
 // until streamEnd is closed, holds every notifications/cancelled until
-// releaseCancel is closed, and answers anything else at once. It notes
+// releaseCancel is closed, answers a reply carrying "gone" 404 (the
+// session is unknown upstream) and anything else at once. It notes
 // every request that reached it while another one, the stream aside, was
 // still there.
 type overtakeUpstream struct {
@@ -49,6 +50,10 @@ func newOvertakeUpstream(t *testing.T) (*overtakeUpstream, string) {
 		o.mu.Lock()
 		o.inFlight-- // before the answer: the next request may come once it is out
 		o.mu.Unlock()
+		if strings.Contains(string(body), `"gone"`) {
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
 		if strings.Contains(string(body), `"method"`) && !strings.Contains(string(body), "notifications/") {
 			w.Header().Set("Content-Type", "application/json")
 			io.WriteString(w, `{"jsonrpc":"2.0","id":2,"result":{}}`)
@@ -163,6 +168,35 @@ func TestTheRequestAfterAStreamWaitsForTheCancellationThatOvertookIt(t *testing.
 	}
 	if r := <-cancel; r == nil || r.StatusCode != http.StatusAccepted {
 		t.Fatalf("cancellation: %v, want 202", r)
+	}
+	if r := <-next; r == nil || r.StatusCode != http.StatusOK {
+		t.Fatalf("next call: %v, want 200", r)
+	}
+}
+
+// A 404 to a reply that overtook a stream ends the session, but the id's
+// next request still waits for the stream rather than reach the upstream
+// beside it.
+func TestA404ToAnOvertakingReplyLeavesTheNextRequestBehindTheStream(t *testing.T) {
+	o, addr := newOvertakeUpstream(t)
+	c := startCaddy(t, fmt.Sprintf("mcp_serializer\nreverse_proxy %s {\n\tflush_interval -1\n}", addr))
+	defer o.releaseAll()
+	stream := startStream(t, c, o, "s1")
+	defer stream.Body.Close()
+
+	resp := post(t, c.url, "s1", `{"jsonrpc":"2.0","id":7,"result":{"gone":true}}`)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("reply: %s, want 404", resp.Status)
+	}
+	o.next(t)
+	next := sendAsync(context.Background(), c.url, "s1", `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"next"}}`)
+	c.awaitWaiting(t, 1)
+	o.noArrival(t, "the next request while the stream ran")
+
+	o.endStream()
+	if got := o.next(t); !strings.Contains(string(got.Body), `"next"`) {
+		t.Fatalf("upstream got %s, want the next call", got.Body)
 	}
 	if r := <-next; r == nil || r.StatusCode != http.StatusOK {
 		t.Fatalf("next call: %v, want 200", r)

@@ -57,7 +57,9 @@ type initGate struct {
 	synth     func(context.Context) bool
 	lookingUp bool // with a Store: the gate awaits the record's answer
 	dropped   bool // by an operator (Table.Drop): waiters get ErrSessionDropped
-	gone      bool // the table forgot the session: its timers change nothing
+	// gone: the table forgot the session, or will once no request holds
+	// it (endedUpstream); its timers change nothing.
+	gone bool
 	// With a Store: a goroutine reads the record while requests are held
 	// here, since the gate may open on another instance (remote.go).
 	gateWatched bool
@@ -243,8 +245,9 @@ func (s *Session) synthesizeEnded() {
 }
 
 // endedUpstream: the session ended (DELETE answered 2xx) or the upstream
-// no longer knows it (404), and the table has forgotten it. A message
-// still held would otherwise wait for a gate nobody opens: it goes.
+// no longer knows it (404); the table forgets it once no request holds it
+// (unref). A message still held would otherwise wait for a gate nobody
+// opens: it goes.
 func (s *Session) endedUpstream() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

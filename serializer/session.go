@@ -106,9 +106,11 @@ func (t Turn) Done(status int) {
 		}
 	})
 	// A key's queue has no session upstream to end: its requests keep
-	// their order whatever the answer.
+	// their order whatever the answer. A session's state outlives its end
+	// until no other request of it waits or runs (unref forgets it), so
+	// that the id's next request still waits for those.
 	if !s.keyed && (status == 404 || (ok && t.traits.Has(EndsSession))) {
-		s.table.drop(s)
+		s.endedUpstream()
 	}
 	s.unref()
 	if t.line != nil {

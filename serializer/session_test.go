@@ -380,11 +380,49 @@ func TestNotFoundFromUpstreamDropsSession(t *testing.T) {
 	initialize, _ := tab.Begin("s", nil)
 	held := acquireAsync(t, tab, bg, "s", 0)
 	initialize.Done(404)
+	// Nobody will open the gate of a dropped session: its held messages go.
+	mustGet(t, held).turn.Done(404)
 	if tab.Len() != 0 {
 		t.Fatalf("tracked sessions after 404 = %d, want 0", tab.Len())
 	}
-	// Nobody will open the gate of a dropped session: its held messages go.
-	mustGet(t, held).turn.Done(404)
+}
+
+// A 404 to a reply that overtook a stream ends the session upstream, but
+// its state stays while the stream runs: the id's next request waits for
+// the stream, as it would have, rather than start beside it.
+func TestA404ToAnOvertakingReplyKeepsTheSessionWhileItsStreamRuns(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	call, _ := tab.Acquire(bg, "s", 0)
+	call.Streaming()
+	reply := mustGet(t, acquireAsync(t, tab, bg, "s", RepliesOnly))
+	if !reply.turn.Overtook() {
+		t.Fatal("the reply did not overtake the stream")
+	}
+	reply.turn.Done(404)
+	next := acquireAsync(t, tab, bg, "s", 0)
+	mustBeWaiting(t, next, "the id's next request, beside the stream,")
+	call.Done(200)
+	mustGet(t, next).turn.Done(404)
+	if tab.Len() != 0 {
+		t.Fatalf("tracked sessions once nothing of the ended one runs = %d, want 0", tab.Len())
+	}
+}
+
+// A 404 hands the slot to the request queued behind it, and the id's
+// state stays while that one runs: a request arriving meanwhile waits.
+func TestA404KeepsTheSessionWhileTheRequestQueuedBehindItRuns(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	first, _ := tab.Acquire(bg, "s", 0)
+	queued := acquireAsync(t, tab, bg, "s", 0)
+	first.Done(404)
+	second := mustGet(t, queued)
+	late := acquireAsync(t, tab, bg, "s", 0)
+	mustBeWaiting(t, late, "a request beside the one the 404 let go")
+	second.turn.Done(404)
+	mustGet(t, late).turn.Done(404)
+	if tab.Len() != 0 {
+		t.Fatalf("tracked sessions = %d, want 0", tab.Len())
+	}
 }
 
 func TestUnknownSessionIsQueuedButNotGated(t *testing.T) {

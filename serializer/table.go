@@ -333,7 +333,8 @@ func (t *Table) hold(s *Session) {
 }
 
 // unref drops a reference to s; the last one makes s idle, gated if its
-// gate still waits for notifications/initialized.
+// gate still waits for notifications/initialized, or forgets s if it has
+// ended upstream.
 func (s *Session) unref() {
 	t := s.table
 	// Not the last: s stays busy, and the table lock is not needed.
@@ -349,10 +350,14 @@ func (s *Session) unref() {
 	if s.refs.Add(-1) > 0 || !s.tracked {
 		return
 	}
-	t.busy.remove(s)
 	s.mu.Lock()
-	gated := s.awaitsInitialized()
+	gated, ended := s.awaitsInitialized(), s.gone
 	s.mu.Unlock()
+	if ended {
+		t.untrack(s) // ended upstream (endedUpstream); nothing of it runs now
+		return
+	}
+	t.busy.remove(s)
 	if gated {
 		t.idleGated.pushBack(s)
 	} else {
@@ -410,16 +415,6 @@ func (t *Table) untrack(s *Session) {
 	if s.list != nil {
 		s.list.remove(s)
 	}
-}
-
-// drop forgets s if it is still tracked, after the upstream ended it.
-func (t *Table) drop(s *Session) {
-	t.mu.Lock()
-	if s.tracked {
-		t.untrack(s)
-	}
-	t.mu.Unlock()
-	s.endedUpstream()
 }
 
 // Drop forgets session id at an operator's request and answers every
