@@ -240,6 +240,27 @@ func TestAnOvertakingReplyHoldsTheSlotUntilItEnds(t *testing.T) {
 	r.turn.Done(200)
 }
 
+// An overtaking reply whose own answer is an event stream leaves the slot
+// as the stream it overtook made it: once both have ended, the next
+// request goes at once. Taken for the holder's, the reply's stream would
+// leave the slot streaming with nobody to end it.
+func TestAnOvertakersEventStreamDoesNotMakeTheSlotStreaming(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	call, _ := tab.Acquire(bg, "s", 0)
+	call.Streaming()
+	reply := mustGet(t, acquireAsync(t, tab, bg, "s", RepliesOnly))
+	call.Done(200)
+	reply.turn.Streaming()
+	reply.turn.Done(200)
+	next := acquireAsync(t, tab, bg, "s", 0)
+	select {
+	case r := <-next:
+		r.turn.Done(200)
+	default:
+		t.Fatal("the next request waits: the overtaking reply's event stream left the slot streaming")
+	}
+}
+
 // Overtakers go one at a time: a second reply waits for the first, then
 // overtakes the stream still running; an ordinary request waits for all.
 func TestOvertakersGoOneAtATime(t *testing.T) {
