@@ -47,7 +47,10 @@ type Session struct {
 	// overtaker: a reply or cancellation that overtook the slot's holder
 	// is upstream; written in slot.go only.
 	overtaker bool
-	initGate  // written in gate.go only
+	// overtakerLine: the line the overtaken exchange held, which the
+	// overtaker frees when it ends (leaveLineToOvertaker).
+	overtakerLine *Session
+	initGate      // written in gate.go only
 
 	// With a Store only; the writes are written in writes.go only.
 	writing    bool          // a write is on its way to the Store, or waits to be tried again
@@ -113,9 +116,39 @@ func (t Turn) Done(status int) {
 		s.endedUpstream()
 	}
 	s.unref()
-	if t.line != nil {
-		Turn{s: t.line}.Done(status)
+	line := t.line
+	if t.overtake {
+		line = s.lineLeftToOvertaker()
+	} else if line != nil && s.leaveLineToOvertaker(line) {
+		line = nil
 	}
+	if line != nil {
+		Turn{s: line}.Done(status)
+	}
+}
+
+// leaveLineToOvertaker hands the line the session's ended exchange held
+// to the reply that overtook it, if one is still upstream: the line's
+// other sessions save the same record, so they wait for it too. It
+// reports whether it did.
+func (s *Session) leaveLineToOvertaker(line *Session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.overtaker {
+		return false
+	}
+	s.overtakerLine = line
+	return true
+}
+
+// lineLeftToOvertaker takes back the line an ended overtaker now frees,
+// if its stream left it one.
+func (s *Session) lineLeftToOvertaker() *Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	line := s.overtakerLine
+	s.overtakerLine = nil
+	return line
 }
 
 // release gives the slot back without any effect of an upstream answer.

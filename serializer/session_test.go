@@ -706,6 +706,30 @@ func TestAReplyToItsSessionsStreamSkipsTheLine(t *testing.T) {
 	mustGet(t, otherReply).turn.Done(202)
 }
 
+// A stream that ends while the reply that overtook it is still upstream
+// leaves its line to that reply: another session of the line waits for
+// the reply too, since both save the same record.
+func TestAnOvertakingReplyHoldsItsStreamsLineUntilItEnds(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	call := mustGet(t, inLineAsync(t, tab, "a", "key user", 0))
+	call.turn.Streaming()
+	cancel := mustGet(t, inLineAsync(t, tab, "a", "key user", RepliesOnly))
+	call.turn.Done(200)
+	other := inLineAsync(t, tab, "b", "key user", 0)
+	mustWait(t, other)
+	cancel.turn.Done(202)
+	mustGet(t, other).turn.Done(200)
+	// Ended in the other order, the line goes on as before.
+	call = mustGet(t, inLineAsync(t, tab, "a", "key user", 0))
+	call.turn.Streaming()
+	cancel = mustGet(t, inLineAsync(t, tab, "a", "key user", RepliesOnly))
+	cancel.turn.Done(202)
+	other = inLineAsync(t, tab, "b", "key user", 0)
+	mustWait(t, other)
+	call.turn.Done(200)
+	mustGet(t, other).turn.Done(200)
+}
+
 // queue_timeout bounds a request's wait in its session and in its line
 // together, and a request that times out in the line gives its session's
 // slot back.
