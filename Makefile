@@ -19,7 +19,7 @@ DEMO         := $(BIN)/demo-backend
 CLIENT_DEPS  := integration/client/node_modules/.package-lock.json
 DEMO_LISTEN  := 127.0.0.1:9081
 
-.PHONY: run cluster test deps lint fuzz bench caddy clean
+.PHONY: run cluster test deps lint fuzz bench caddy clean flakes
 
 $(XCADDY):
 	GOBIN=$(BIN) go install github.com/caddyserver/xcaddy/cmd/xcaddy@$(XCADDY_VERSION)
@@ -69,6 +69,13 @@ lint:
 # the real Caddy binary with PHP-FPM and the SDK client) with -race.
 test: deps lint $(CADDY) $(DEMO) $(CLIENT_DEPS)
 	go test -race -timeout 30m ./...
+
+# Every test but the integration tests, COUNT times per -cpu in CPU, on the
+# machine as it is and beside two busy loops; prints each test that failed
+# with its failures/runs per condition (scripts/flakes: COUNT, CPU, PKGS,
+# RUN, CONDITIONS).
+flakes:
+	scripts/flakes
 
 # Plain Caddy and Caddy with mcp_serializer side by side, same binary, same
 # load, alternating rounds (docs/benchmarks.md). Options: BENCH_FLAGS="-pairs 20 -v".
