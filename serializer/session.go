@@ -201,7 +201,12 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, wai
 		s.mu.Unlock()
 		return Turn{s: s, traits: traits}, nil
 	}
+	// The wait is timed from before the request joins the line, so that a
+	// request seen waiting always has its deadline (stopWaiting takes s.mu,
+	// which the timer's function therefore waits for).
 	w := &waiter{traits: traits, src: src, ready: make(chan struct{})}
+	start := s.table.clock.Now()
+	stop := s.table.clock.AfterFunc(wait, func() { s.stopWaiting(w, ErrQueueTimeout) })
 	s.waitInLine(w)
 	held := !s.admits(traits) && !s.lookingUp
 	if held {
@@ -212,8 +217,6 @@ func (s *Session) enter(ctx context.Context, traits Traits, src SynthSource, wai
 		cfg.Events.Held()
 	}
 
-	start := s.table.clock.Now()
-	stop := s.table.clock.AfterFunc(wait, func() { s.stopWaiting(w, ErrQueueTimeout) })
 	select {
 	case <-w.ready:
 	case <-ctx.Done():
