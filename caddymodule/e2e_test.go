@@ -112,7 +112,7 @@ func TestFullQueueIsAnswered429AndNotForwarded(t *testing.T) {
 	first := sendAsync(context.Background(), c.url, "s1", `{"jsonrpc":"2.0","id":1,"method":"block"}`)
 	up.next(t)
 	second := sendAsync(context.Background(), c.url, "s1", `{"jsonrpc":"2.0","id":2,"method":"queued"}`)
-	time.Sleep(100 * time.Millisecond) // let it queue
+	c.awaitWaiting(t, 1)
 
 	e := expectRPCError(t, post(t, c.url, "s1", `{"jsonrpc":"2.0","id":"third","method":"tools/list"}`), http.StatusTooManyRequests, `"third"`)
 	if !strings.Contains(e.Error.Message, "max_queue") {
@@ -163,10 +163,10 @@ func TestClientLeavingTheQueueIsNeverForwarded(t *testing.T) {
 	up.next(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	gone := sendAsync(ctx, c.url, "s1", `{"jsonrpc":"2.0","id":2,"method":"gone"}`)
-	time.Sleep(100 * time.Millisecond)
+	c.awaitWaiting(t, 1)
 	cancel()
 	<-gone
-	time.Sleep(50 * time.Millisecond) // let Caddy see the disconnect
+	c.awaitWaiting(t, 0) // Caddy saw the disconnect
 	close(release)
 	<-first
 	resp := post(t, c.url, "s1", `{"jsonrpc":"2.0","id":3,"method":"after"}`)

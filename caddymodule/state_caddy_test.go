@@ -244,7 +244,7 @@ func TestAnExchangeRunsToItsEndWhileRedisDoesNotAnswer(t *testing.T) {
 	redisAddr := redistest.Start(t)
 	const sid = "long-call"
 	const callTime = 5 * time.Second
-	_, addr := newUpstream(t, mcpAnswer(sid, func(m rpcMsg, w http.ResponseWriter, r *http.Request) bool {
+	up, addr := newUpstream(t, mcpAnswer(sid, func(m rpcMsg, w http.ResponseWriter, r *http.Request) bool {
 		if m.Method != "tools/call" {
 			return false
 		}
@@ -261,7 +261,8 @@ func TestAnExchangeRunsToItsEndWhileRedisDoesNotAnswer(t *testing.T) {
 		t.Fatalf("initialized: %d %s", a.status, a.body)
 	}
 	long := callAsync(ctx, http.MethodPost, c.url, sid, rpcRequest("3", "tools/call"))
-	time.Sleep(200 * time.Millisecond) // upstream
+	for parseRPC(up.next(t).Body).Method != "tools/call" { // it reached the upstream
+	}
 	pause := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer pause.Close()
 	if err := pause.Do(ctx, "CLIENT", "PAUSE", "10000", "WRITE").Err(); err != nil {
