@@ -22,6 +22,7 @@ import (
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
 )
@@ -128,6 +129,15 @@ func TestRedisThroughSentinelFollowsAFailover(t *testing.T) {
 	replica, _ := redistest.Run(t, replicaPort, "--port", strconv.Itoa(replicaPort), "--replicaof", "127.0.0.1", strconv.Itoa(masterPort))
 	sentinel := redistest.RunSentinel(t, "mymaster", master)
 	ctx := context.Background()
+	onReplica := redis.NewClient(&redis.Options{Addr: replica})
+	defer onReplica.Close()
+	// The replica's first sync ends some seconds after it connects (Redis
+	// delays a diskless sync for more replicas to join): until then no
+	// write reaches it, however long WAIT waits.
+	wait.Until(t, "the replica in sync with the master", func() bool {
+		info, err := onReplica.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
 	eng := enginetest.Load(t, nil, "redis", map[string]any{
 		"sentinel": []string{sentinel}, "master_name": "mymaster", "timeout": "1s",
 	}).(*Engine)
@@ -152,9 +162,7 @@ func TestRedisThroughSentinelFollowsAFailover(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	promoted := redis.NewClient(&redis.Options{Addr: replica})
-	defer promoted.Close()
-	if role, err := promoted.Do(ctx, "ROLE").Slice(); err != nil || role[0] != "master" {
+	if role, err := onReplica.Do(ctx, "ROLE").Slice(); err != nil || role[0] != "master" {
 		t.Fatalf("the replica's role after the failover: %v, %v", role, err)
 	}
 	// Calls may fail for a moment more, on connections dialled to the old
