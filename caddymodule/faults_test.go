@@ -465,22 +465,25 @@ func TestHungExchangeTimesOutItsQueueAndTheSessionRecovers(t *testing.T) {
 // and once initialized is acknowledged the session's next request is
 // served at once.
 func TestClientLeavingAtTheGateIsNeverForwarded(t *testing.T) {
+	const gateHolds = "caddy_mcp_serializer_gate_holds_total"
+	const clientsGone = `caddy_mcp_serializer_rejections_total{reason="client_gone"}`
 	const sid = "gate-leave"
 	up, addr := newUpstream(t, mcpAnswer(sid, nil))
 	c := startCaddy(t, "mcp_serializer {\n\tinit_timeout 10s\n\tqueue_timeout 2s\n\tget_stream forward\n}\nreverse_proxy "+addr)
 	initialize(t, c, sid)
 
+	holds, gone := c.metric(t, gateHolds), c.metric(t, clientsGone)
 	ctx, cancel := context.WithCancel(context.Background())
 	left := callAsync(ctx, http.MethodPost, c.url, sid, rpcRequest(`"left"`, "tools/list"))
 	stream := callAsync(ctx, http.MethodGet, c.url, sid, "")
-	time.Sleep(100 * time.Millisecond) // both held
+	c.awaitMetric(t, gateHolds, holds+2) // both held
 	cancel()
 	for _, ch := range []<-chan answer{left, stream} {
 		if a := await(t, ch, 5*time.Second, "leaving client"); a.err == nil {
 			t.Fatalf("a held request was answered %d before initialized", a.status)
 		}
 	}
-	time.Sleep(50 * time.Millisecond) // let Caddy see the disconnects
+	c.awaitMetric(t, clientsGone, gone+2) // Caddy saw both disconnects
 
 	resp := post(t, c.url, sid, initializedBody)
 	resp.Body.Close()

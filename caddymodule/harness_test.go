@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -115,6 +116,32 @@ func (c *testCaddy) awaitWaiting(t *testing.T, n int) {
 		}
 		return waiting == n
 	})
+}
+
+// metric reads one series of the module's metrics on the admin endpoint,
+// named as exposed (`name` or `name{label="value"}`); 0 if it is absent.
+// The counters are the process's: compare with a reading taken before.
+func (c *testCaddy) metric(t *testing.T, series string) float64 {
+	t.Helper()
+	resp, err := http.Get(c.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), series+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
+// awaitMetric waits until a series of the module's metrics reaches want.
+func (c *testCaddy) awaitMetric(t *testing.T, series string, want float64) {
+	t.Helper()
+	wait.Until(t, fmt.Sprintf("%s at %v", series, want), func() bool { return c.metric(t, series) >= want })
 }
 
 // upstream is a scripted MCP upstream that records what reaches it.

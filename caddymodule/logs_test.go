@@ -106,10 +106,10 @@ reverse_proxy `+addr)
 	expectRPCError(t, a6.asResponse(), http.StatusTooManyRequests, string(parseRPC(a6.body).ID))
 	leaving, leave := context.WithCancel(ctx)
 	left := callAsync(leaving, http.MethodPost, c.url, sid, rpcRequest("7", "ping"))
-	time.Sleep(50 * time.Millisecond)
+	c.awaitWaiting(t, 1)
 	leave()
 	await(t, left, 5*time.Second, "leaving client")
-	time.Sleep(50 * time.Millisecond)
+	c.awaitWaiting(t, 0) // Caddy saw it leave
 	close(release)
 	expectResult(t, await(t, blocked, 5*time.Second, "blocked call"), "4")
 

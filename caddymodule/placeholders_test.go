@@ -66,9 +66,11 @@ func TestPlaceholdersReachHeaderAndLaterHandlers(t *testing.T) {
 	}
 
 	// A request held at the gate until initialized is acknowledged.
+	holds := c.metric(t, "caddy_mcp_serializer_gate_holds_total")
 	held := callAsync(ctx, http.MethodPost, c.url, sid, rpcRequest("2", "tools/list"))
 	stream := callAsync(ctx, http.MethodGet, c.url, sid, "")
-	time.Sleep(200 * time.Millisecond) // let them wait at the gate
+	c.awaitMetric(t, "caddy_mcp_serializer_gate_holds_total", holds+2)
+	time.Sleep(200 * time.Millisecond) // held for 200ms at least
 	a = call(ctx, http.DefaultClient, http.MethodPost, c.url, sid, initializedBody)
 	if got, want := echoedBy(a.header), (echoed{hash, "[notifications/initialized]", "[0s]", "[false]"}); got != want {
 		t.Errorf("initialized: echoed %+v, want %+v", got, want)
@@ -136,7 +138,8 @@ reverse_proxy %s`, logFile, addr))
 
 	call(ctx, http.DefaultClient, http.MethodPost, c.url, "", initializeBody)
 	held := callAsync(ctx, http.MethodPost, c.url, sid, rpcRequest("2", "tools/list"))
-	time.Sleep(200 * time.Millisecond)
+	c.awaitWaiting(t, 1)
+	time.Sleep(200 * time.Millisecond) // held for 200ms at least
 	call(ctx, http.DefaultClient, http.MethodPost, c.url, sid, initializedBody)
 	await(t, held, 5*time.Second, "held tools/list")
 	call(ctx, http.DefaultClient, http.MethodPost, c.url, sid, `[{"jsonrpc":"2.0","id":3,"method":"ping"}]`)
