@@ -73,7 +73,7 @@ test: deps lint $(CADDY) $(DEMO) $(CLIENT_DEPS)
 # Every test but the integration tests, COUNT times per -cpu in CPU, on the
 # machine as it is and beside two busy loops; prints each test that failed
 # with its failures/runs per condition (scripts/flakes: COUNT, CPU, PKGS,
-# RUN, CONDITIONS).
+# RUN, CONDITIONS, TIMEOUT).
 flakes:
 	scripts/flakes
 
