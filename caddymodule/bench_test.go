@@ -89,3 +89,47 @@ func BenchmarkServeHTTP(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSessionPOSTBody is the handler's cost per session POST by body
+// size and framing: reading, holding and classifying the body.
+func BenchmarkSessionPOSTBody(b *testing.B) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	h := &caddymodule.Handler{Name: "bench-session-post-body"}
+	if err := h.Provision(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer h.Cleanup()
+	for _, c := range []struct {
+		name    string
+		size    int
+		chunked bool
+	}{
+		{"300B", 300, false},
+		{"16KiB", 16 << 10, false},
+		{"256KiB", 256 << 10, false},
+		{"1MiB", 1 << 20, false},
+		{"256KiB-chunked", 256 << 10, true},
+		{"4MiB-over-max_body", 4 << 20, false},
+	} {
+		body := append([]byte(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"s":"`),
+			bytes.Repeat([]byte("x"), c.size)...)
+		body = append(body[:c.size-3], `"}}`...)
+		b.Run(c.name, func(b *testing.B) {
+			w := &discardWriter{header: make(http.Header)}
+			b.SetBytes(int64(c.size))
+			b.ReportAllocs()
+			for b.Loop() {
+				req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1/mcp", bytes.NewReader(body))
+				if c.chunked {
+					req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(body)), -1
+				}
+				req.Header.Set("Mcp-Session-Id", "0123456789abcdef0123456789abcdef")
+				clear(w.header)
+				if err := h.ServeHTTP(w, req, answerAtOnce); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -57,6 +57,23 @@ func BenchmarkClassify(b *testing.B) {
 	b.Run("64KiB", func(b *testing.B) { benchClassify(b, toolCallBody(64<<10), 0) })
 }
 
+// escapedKeysBody returns a request of about size bytes whose top-level
+// members all have escaped keys, as a hostile client may send them.
+func escapedKeysBody(size int) []byte {
+	var b strings.Builder
+	b.WriteString(`{"jsonrpc":"2.0","id":1`)
+	for i := 0; b.Len() < size; i++ {
+		b.WriteString(`,"\u0078` + strconv.Itoa(i) + `":0`)
+	}
+	b.WriteString(`,"\u006dethod":"tools/call"}`)
+	return []byte(b.String())
+}
+
+func BenchmarkClassifyEscapedKeys(b *testing.B) {
+	b.Run("4KiB", func(b *testing.B) { benchClassify(b, escapedKeysBody(4<<10), 0) })
+	b.Run("1MiB", func(b *testing.B) { benchClassify(b, escapedKeysBody(1<<20), 0) })
+}
+
 func newBenchTable(b *testing.B, sessions int) *Table {
 	cfg := Defaults()
 	cfg.MaxSessions = max(sessions, cfg.MaxSessions)
