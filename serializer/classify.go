@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -357,8 +358,89 @@ func stringEquals(raw []byte, want string) bool {
 	if bytes.IndexByte(raw, '\\') < 0 {
 		return string(raw) == want
 	}
-	quoted := make([]byte, 0, len(raw)+2)
-	quoted = append(append(append(quoted, '"'), raw...), '"')
-	var decoded string
-	return json.Unmarshal(quoted, &decoded) == nil && decoded == want
+	return unescapedEquals(raw, want)
+}
+
+// unescapedEquals compares raw string contents holding escapes with want
+// as encoding/json would decode them, character by character and without
+// allocating: a hostile body may escape every key, and decoding each one
+// whole for every name compared costs many times the scan.
+func unescapedEquals(raw []byte, want string) bool {
+	var enc [utf8.UTFMax]byte
+	for i := 0; i < len(raw); {
+		var r rune
+		switch c := raw[i]; {
+		case c == '\\' && raw[i+1] == 'u':
+			r, i = unescapeU(raw, i)
+		case c == '\\':
+			r, i = rune(unescapeByte(raw[i+1])), i+2
+		case c < utf8.RuneSelf:
+			if len(want) == 0 || want[0] != c {
+				return false
+			}
+			want, i = want[1:], i+1
+			continue
+		default:
+			var size int
+			r, size = utf8.DecodeRune(raw[i:]) // invalid UTF-8: U+FFFD a byte
+			i += size
+		}
+		n := utf8.EncodeRune(enc[:], r)
+		if len(want) < n || want[:n] != string(enc[:n]) {
+			return false
+		}
+		want = want[n:]
+	}
+	return len(want) == 0
+}
+
+// unescapeU decodes the \uXXXX escape at i of valid string contents, with
+// the low surrogate that may follow it, as encoding/json does (an unpaired
+// surrogate becomes U+FFFD), and returns the index after it.
+func unescapeU(raw []byte, i int) (rune, int) {
+	r := hex4(raw[i+2 : i+6])
+	i += 6
+	if !utf16.IsSurrogate(r) {
+		return r, i
+	}
+	if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
+		if pair := utf16.DecodeRune(r, hex4(raw[i+2:i+6])); pair != utf8.RuneError {
+			return pair, i + 6
+		}
+	}
+	return utf8.RuneError, i
+}
+
+// hex4 decodes four hex digits, already checked by valid.
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h {
+		switch {
+		case c <= '9':
+			c -= '0'
+		case c >= 'a':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
+}
+
+// unescapeByte decodes the one-letter escape \c.
+func unescapeByte(c byte) byte {
+	switch c {
+	case 'b':
+		return '\b'
+	case 'f':
+		return '\f'
+	case 'n':
+		return '\n'
+	case 'r':
+		return '\r'
+	case 't':
+		return '\t'
+	}
+	return c // '"', '\\' or '/'
 }

@@ -1,6 +1,7 @@
 package serializer
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -123,5 +124,70 @@ func TestHeaderMethodIsShownByTheBodysRule(t *testing.T) {
 	}
 	if !HeaderMethod("server/discover").Is("server/discover") || HeaderMethod("server/discover").Is("initialize") {
 		t.Error("Is does not compare the header's method")
+	}
+}
+
+// Escaped top-level keys classify as the names they decode to, as
+// encoding/json reads them, whichever escapes spell them.
+func TestEscapedKeysClassifyAsTheirDecodedNames(t *testing.T) {
+	for _, tc := range []struct {
+		body   string
+		traits Traits
+		id     string
+	}{
+		{`{"jsonrpc":"2.0","\u006dethod":"notifications/initialized"}`, CarriesInitialized, ""},
+		{`{"jsonrpc":"2.0","\u006D\u0065\u0074\u0068\u006f\u0064":"notifications/cancelled"}`, RepliesOnly, ""},
+		{`{"jsonrpc":"2.0","\u0069\u0064":5,"r\u0065sult":{}}`, RepliesOnly, ""},
+		{`{"jsonrpc":"2.0","\u0069d":5,"\u0065rror":{"code":1,"message":"x"}}`, RepliesOnly, ""},
+		{`{"jsonrpc":"2.0","\u0069d":"a","\u006dethod":"tools/list"}`, 0, `"a"`},
+		{`{"jsonrpc":"2.0","i\/d":5,"result":{}}`, 0, ""},                                 // i/d is not id
+		{`{"jsonrpc":"2.0","id":5,"result":{},"\u006dethod\u0000":"x"}`, RepliesOnly, ""}, // method NUL is not method
+		{`{"jsonrpc":"2.0","id":5,"result":{},"\ud800method":"x"}`, RepliesOnly, ""},      // a lone surrogate decodes to U+FFFD
+		{`{"jsonrpc":"2.0","id":5,"\u0072esult":{},"\u006Dethod":"x"}`, 0, "5"},
+		{`[{"jsonrpc":"2.0","\u006dethod":"notifications/initialized"},{"\u0069d":1,"result":{}}]`, CarriesInitialized, ""},
+	} {
+		traits, id, _ := Classify([]byte(tc.body))
+		refTraits, refID, _ := referenceClassify(t, []byte(tc.body))
+		if traits != tc.traits || string(id) != tc.id || traits != refTraits || string(id) != string(refID) {
+			t.Errorf("Classify(%s) = %b, %q; want %b, %q (encoding/json: %b, %q)", tc.body, traits, id, tc.traits, tc.id, refTraits, refID)
+		}
+	}
+}
+
+// stringEquals decodes escapes as encoding/json does: one-letter escapes,
+// \u escapes in either case, surrogate pairs, lone surrogates and invalid
+// UTF-8 (each U+FFFD).
+func TestStringEqualsDecodesAsEncodingJSON(t *testing.T) {
+	raws := []string{
+		`\u006dethod`, `meth\u006Fd`, `\"quoted\"`, `back\\slash`, `a\/b`, `\b\f\n\r\t`,
+		`\ud83d\ude00 smile`, `\ud83d`, `\ud83dx`, `\ude00\ud83d`, `\ud83d\u0041`, `\u00e9t\u00E9`, "caf\xc3\xa9\\n",
+		"bad \xff\\u0041", "\xc3\\u0041", `\u0000`, `\uFFFD`, `\ufffd\ufffd`,
+	}
+	for _, raw := range raws {
+		var decoded string
+		if err := json.Unmarshal([]byte(`"`+raw+`"`), &decoded); err != nil {
+			t.Fatalf("%q: %v", raw, err)
+		}
+		wants := []string{decoded, decoded + "x", "", "method", "\ufffd"}
+		if len(decoded) > 0 {
+			wants = append(wants, decoded[:len(decoded)-1], decoded[1:])
+		}
+		for _, want := range wants {
+			if got := stringEquals([]byte(raw), want); got != (decoded == want) {
+				t.Errorf("stringEquals(%q, %q) = %v, want %v (decoded %q)", raw, want, got, !got, decoded)
+			}
+		}
+	}
+}
+
+// Escaped keys cost no allocation: a body escaping every top-level key
+// would otherwise cost a decode per key and name compared.
+func TestClassifyingEscapedKeysAllocatesNothing(t *testing.T) {
+	body := []byte(`{"\u006asonrpc":"2.0","\u0069d":1,"\u0070arams":{},"\u0078":0,"\u006dethod":"notifications/cancelled"}`)
+	if traits, _, _ := Classify(body); traits != RepliesOnly {
+		t.Fatalf("traits %b, want RepliesOnly", traits)
+	}
+	if n := testing.AllocsPerRun(100, func() { Classify(body) }); n != 0 {
+		t.Fatalf("Classify allocated %v times per body of escaped keys, want 0", n)
 	}
 }
