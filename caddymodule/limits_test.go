@@ -127,11 +127,12 @@ func bytesAllocated(f func()) uint64 {
 	return least
 }
 
-// A request body costs the module at most max_body plus a small constant
-// of memory, whatever its framing, and a small body costs little: a body
-// is read into one small block, and into one max_body-sized buffer only if
-// it outgrows the block. A body over the limit is forwarded without being
-// held whole. The body reaches the next handler intact in every case.
+// A request body costs the module at most twice max_body plus a small
+// constant of memory, whatever its framing, and a small body costs little:
+// a body is read into one small block, then into blocks that double as it
+// arrives, up to its length or max_body. A body over the limit is
+// forwarded without being held whole. The body reaches the next handler
+// intact in every case.
 func TestBodyCostsAtMostMaxBodyPlusAConstant(t *testing.T) {
 	const maxBody = 256 << 10
 	const slack = 32 << 10 // request, recorder, readers, table entry
@@ -173,7 +174,7 @@ func TestBodyCostsAtMostMaxBodyPlusAConstant(t *testing.T) {
 				t.Fatalf("next handler got %d bytes (checksum ok: %v), status %d; want all %d bytes",
 					next.n, next.sum == patternChecksum(tc.size), status, tc.size)
 			}
-			limit := uint64(maxBody + 1 + firstBlock + slack)
+			limit := uint64(2*maxBody + slack)
 			switch {
 			case tc.size <= firstBlock && !tc.chunked:
 				limit = uint64(tc.size + slack)
@@ -274,8 +275,9 @@ func (b *countingBody) Close() error { return nil }
 
 // Bodies held by requests waiting for their session's turn stay within
 // max_buffered: once it is full, the next POST is answered 503 with
-// Retry-After: 1 and a JSON-RPC error, its body unread and nothing
-// forwarded; the bytes come back as the requests end.
+// Retry-After: 1 and a JSON-RPC error, its body read no further than its
+// first byte and nothing forwarded; the bytes come back as the requests
+// end.
 func TestWaitingBodiesStayWithinMaxBuffered(t *testing.T) {
 	const maxBody, size = 1000, 1000
 	h := newBareHandler(t, maxBody)
@@ -340,8 +342,8 @@ func TestWaitingBodiesStayWithinMaxBuffered(t *testing.T) {
 		e.Error.Code != codeServerError || !strings.Contains(e.Error.Message, "max_buffered") {
 		t.Fatalf("beyond max_buffered: answer %s, want a JSON-RPC error -32000 naming max_buffered (%v)", w.Body.Bytes(), err)
 	}
-	if body.reads != 0 || forwarded.Load() != 1 {
-		t.Fatalf("beyond max_buffered: body read %d times, %d requests forwarded; want unread, only the first", body.reads, forwarded.Load())
+	if body.reads != 1 || forwarded.Load() != 1 {
+		t.Fatalf("beyond max_buffered: body read %d times, %d requests forwarded; want its first byte only, only the first", body.reads, forwarded.Load())
 	}
 	if got := testutil.ToFloat64(refusals) - before; got != 1 {
 		t.Fatalf("rejections_total{reason=body_budget} rose by %v, want 1", got)
@@ -368,8 +370,8 @@ func TestWaitingBodiesStayWithinMaxBuffered(t *testing.T) {
 	close(inFlight)
 }
 
-// A body of unknown length takes max_body+1 bytes of max_buffered until
-// it is read, then what it holds: here one first block.
+// A body of unknown length holds what has arrived of it, not max_body:
+// here one first block, which fits where max_body would not.
 func TestBodyOfUnknownLengthCountsForWhatItHolds(t *testing.T) {
 	const maxBody = 64 << 10
 	h := newBareHandler(t, maxBody)
@@ -391,10 +393,11 @@ func TestBodyOfUnknownLengthCountsForWhatItHolds(t *testing.T) {
 	if code := post(-1); code != http.StatusAccepted || during != firstBlock {
 		t.Fatalf("chunked 300-byte body: status %d, %d bytes held while forwarded; want 202, %d", code, during, firstBlock)
 	}
-	h.budget.held.Store(1) // max_body+1 no longer fits, 300 bytes do
-	if code := post(-1); code != http.StatusServiceUnavailable {
-		t.Fatalf("chunked body with max_body bytes left: status %d, want 503", code)
+	h.budget.held.Store(maxBody + 1 - firstBlock) // max_body no longer fits, a first block does
+	if code := post(-1); code != http.StatusAccepted || during != maxBody+1 {
+		t.Fatalf("chunked body with a first block left: status %d, %d bytes held; want 202, all %d", code, during, maxBody+1)
 	}
+	h.budget.held.Store(1)
 	if code := post(300); code != http.StatusAccepted || during != 301 {
 		t.Fatalf("300-byte body of known length: status %d, %d bytes held; want 202, 301", code, during)
 	}
@@ -488,5 +491,47 @@ func TestOrderDefaultsToOwnerAndClusterRunsAsOwnerWithAWarning(t *testing.T) {
 		if tc.warns > 0 && !strings.Contains(logs.All()[0].Message, "write `order owner`") {
 			t.Errorf("the WARN does not say what to write: %s", logs.All()[0].Message)
 		}
+	}
+}
+
+// A body holds of max_buffered what has arrived of it, not what it
+// announced: nothing before its first byte, then never more than twice
+// what came (or one first block), and nothing once its request ends.
+func TestBodyHoldsAtMostTwiceWhatArrived(t *testing.T) {
+	const maxBody = 1 << 20
+	h := newBareHandler(t, maxBody)
+	pr, pw := io.Pipe()
+	r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+	r.Body, r.ContentLength = pr, maxBody
+	r.Header.Set(sessionHeader, "arriving")
+	answered := make(chan int, 1)
+	go func() {
+		w := httptest.NewRecorder()
+		_ = h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+			t.Error("a body cut short was forwarded")
+			return nil
+		}))
+		answered <- w.Code
+	}()
+	if held := h.budget.held.Load(); held != 0 {
+		t.Fatalf("%d bytes held before the body's first byte, want 0", held)
+	}
+	sent := int64(0)
+	for _, n := range []int64{1, 100, 5000, 20000, 100000, 300000} {
+		// A write on a pipe returns once the handler has read it all.
+		if _, err := io.CopyN(pw, &patternBody{n: n}, n); err != nil {
+			t.Fatal(err)
+		}
+		sent += n
+		if held := h.budget.held.Load(); held > max(2*sent, firstBlock) {
+			t.Fatalf("%d bytes held after %d arrived (%d announced), want at most %d", held, sent, int64(maxBody), max(2*sent, firstBlock))
+		}
+	}
+	pw.CloseWithError(io.ErrUnexpectedEOF)
+	if code := <-answered; code != http.StatusBadRequest {
+		t.Fatalf("body cut short: status %d, want 400", code)
+	}
+	if held := h.budget.held.Load(); held != 0 {
+		t.Fatalf("%d bytes held after the request ended, want 0", held)
 	}
 }

@@ -300,35 +300,38 @@ var errBodyTooLarge *http.MaxBytesError
 // readBody reads the POST body (up to MaxBody) to classify it, then hands
 // the upstream the same bytes with an exact Content-Length: php-fpm needs
 // one. A larger body is not parsed and streams through as it came. The
-// bytes it holds count against max_buffered (held): the caller gives them
-// back when the request ends, even on error. A body that does not fit is
-// not read (errBodyBudget).
+// bytes it holds count against max_buffered (held), taken as they arrive:
+// the caller gives them back when the request ends, even on error. A body
+// that does not fit is read no further (errBodyBudget); what was read of
+// it goes on ahead of the rest.
 func (h *Handler) readBody(r *http.Request) (classifiedBody, error) {
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength > h.MaxBody {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || r.ContentLength > h.MaxBody {
 		return classifiedBody{}, nil
 	}
 	sized := r.ContentLength >= 0
 	want := r.ContentLength
 	if !sized {
-		want = h.MaxBody + 1 // one byte more tells an oversized body
+		want = h.MaxBody
 	}
-	if !h.budget.reserve(want) {
-		return classifiedBody{}, errBodyBudget
+	buf, held, err := h.budget.readUpTo(r.Body, want)
+	body := classifiedBody{held: held}
+	if err == nil && !sized {
+		// max_body bytes came: one more tells an oversized body.
+		var more [1]byte
+		if n, _ := io.ReadFull(r.Body, more[:]); n == 1 {
+			streamOn(r, buf, more[:])
+			return body, nil
+		}
 	}
-	buf, err := readUpTo(r.Body, want)
-	body := classifiedBody{held: h.budget.shrink(want, int64(cap(buf)))}
 	if !sized && (err == io.EOF || err == io.ErrUnexpectedEOF) {
 		err = nil // the end of a body of unknown length
 	}
-	if err != nil {
+	if errors.Is(err, errBodyBudget) {
+		streamOn(r, buf)
 		return body, err
 	}
-	if int64(len(buf)) > h.MaxBody {
-		r.Body = struct {
-			io.Reader
-			io.Closer
-		}{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
-		return body, nil
+	if err != nil {
+		return body, err
 	}
 	r.Body = io.NopCloser(bytes.NewReader(buf))
 	body.raw = buf
@@ -338,6 +341,19 @@ func (h *Handler) readBody(r *http.Request) (classifiedBody, error) {
 	r.Header.Set("Content-Length", strconv.Itoa(len(buf)))
 	body.traits, body.id, body.method = serializer.Classify(buf)
 	return body, nil
+}
+
+// streamOn puts what was read of r's body back ahead of the rest, which
+// streams through as it comes.
+func streamOn(r *http.Request, read ...[]byte) {
+	readers := make([]io.Reader, 0, len(read)+1)
+	for _, b := range read {
+		readers = append(readers, bytes.NewReader(b))
+	}
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(append(readers, r.Body)...), r.Body}
 }
 
 // classifiedBody is what readBody learned of a body; id and method alias the
@@ -377,41 +393,53 @@ func (b *bodyBudget) reserve(n int64) bool {
 	return true
 }
 
-// shrink turns a reservation of reserved bytes into one of used (no more)
-// and returns it.
-func (b *bodyBudget) shrink(reserved, used int64) int64 {
-	if used < reserved {
-		b.held.Add(used - reserved)
-	}
-	return used
-}
-
 func (b *bodyBudget) release(n int64) {
 	if n != 0 {
 		b.held.Add(-n)
 	}
 }
 
-// firstBlock is what reading a body costs before the body has shown that
-// it is larger: a client announcing or trickling a big body gets a big
-// buffer only once it has sent this much.
-const firstBlock = 16 << 10
+// firstBlock is what a body holds once its first byte has come, before it
+// has shown that it is larger: no more than a request costs the server.
+const firstBlock = 4 << 10
 
-// readUpTo reads up to want bytes into at most two buffers: the first of
-// firstBlock bytes (or want, if smaller) and, if the body goes on, one of
-// want bytes. It allocates at most want+firstBlock bytes in all; growing a
-// slice (io.ReadAll) would allocate several times want. Errors are
-// io.ReadFull's: io.EOF or io.ErrUnexpectedEOF when the body ends first.
-func readUpTo(r io.Reader, want int64) ([]byte, error) {
-	buf := make([]byte, min(want, firstBlock))
-	n, err := io.ReadFull(r, buf)
-	if err != nil || int64(n) == want {
-		return buf[:n], err
+// readUpTo reads up to want bytes, holding of b only what has arrived:
+// nothing until the first byte, then a first block (firstBlock, or want if
+// smaller), and then, each time the buffer is full, one twice its size
+// (want at most). A client that announces a large body and stalls so
+// holds at most twice what it sent, and nothing another client needs if it
+// sent nothing. held is what the returned buffer takes of b, to give back
+// when the body is no longer needed, even on error. Errors are
+// io.ReadFull's (io.EOF or io.ErrUnexpectedEOF when the body ends first),
+// or errBodyBudget when the next block does not fit: buf then holds what
+// was read.
+func (b *bodyBudget) readUpTo(r io.Reader, want int64) (buf []byte, held int64, err error) {
+	var first [1]byte
+	if _, err := io.ReadFull(r, first[:]); err != nil {
+		return nil, 0, err
 	}
-	full := make([]byte, want)
-	copy(full, buf)
-	m, err := io.ReadFull(r, full[n:])
-	return full[:n+m], err
+	size := min(want, firstBlock)
+	if !b.reserve(size) {
+		return first[:], 0, errBodyBudget
+	}
+	buf, held = make([]byte, size), size
+	buf[0] = first[0]
+	n := 1
+	for {
+		m, err := io.ReadFull(r, buf[n:])
+		n += m
+		if err != nil || int64(n) == want {
+			return buf[:n], held, err
+		}
+		next := min(want, 2*int64(n))
+		if !b.reserve(next) {
+			return buf[:n], held, errBodyBudget
+		}
+		grown := make([]byte, next)
+		copy(grown, buf)
+		b.release(held)
+		buf, held = grown, next
+	}
 }
 
 // rejectBody answers a body that could not be read; nothing was forwarded.
