@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -49,5 +50,57 @@ func TestBodiesAnnouncedButNotSentLockNoSessionOut(t *testing.T) {
 	expectResult(t, a, "1")
 	if n := len(up.requests()); n != 1 {
 		t.Fatalf("upstream saw %d requests, want the bystander's only", n)
+	}
+}
+
+// A reply larger than max_body (a sampling result carrying an image) is
+// told a reply by its first bytes: it goes upstream beside the stream
+// that waits for it, and the stream then ends with its result, rather than
+// the reply waiting behind the stream until queue_timeout.
+func TestReplyLargerThanMaxBodySkipsTheStreamItAnswers(t *testing.T) {
+	const sid = "big-reply"
+	reply := `{"jsonrpc":"2.0","id":"sampling-1","result":{"role":"assistant","content":{"type":"image","mimeType":"image/png","data":"` +
+		strings.Repeat("A", 8<<10) + `"}}}`
+	replied := make(chan struct{})
+	up, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if strings.Contains(string(body), `"result"`) {
+			close(replied)
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"jsonrpc\":\"2.0\",\"id\":\"sampling-1\",\"method\":\"sampling/createMessage\",\"params\":{}}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-replied:
+			io.WriteString(w, "data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[]}}\n\n")
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second): // a bound, should the reply never come
+		}
+	})
+	c := startCaddy(t, "mcp_serializer {\n\tmax_body 1KiB\n\tqueue_timeout 2s\n}\nreverse_proxy "+addr+" {\n\tflush_interval -1\n}")
+
+	resp := post(t, c.url, sid, rpcRequest("1", "tools/call"))
+	defer resp.Body.Close()
+	events := bufio.NewReader(resp.Body)
+	if line, err := events.ReadString('\n'); err != nil || !strings.Contains(line, "sampling/createMessage") {
+		t.Fatalf("first event %q, %v; want the server's sampling request", line, err)
+	}
+	a := call(context.Background(), http.DefaultClient, http.MethodPost, c.url, sid, reply)
+	if a.err != nil || a.status != http.StatusAccepted {
+		t.Fatalf("reply of %d bytes: status %d %v %s; want 202 from the upstream", len(reply), a.status, a.err, a.body)
+	}
+	rest, err := io.ReadAll(events)
+	if err != nil || !strings.Contains(string(rest), `"id":1,"result"`) {
+		t.Fatalf("the stream ended with %q, %v; want the call's result", rest, err)
+	}
+	var got seenRequest
+	for _, r := range up.requests() {
+		if strings.Contains(string(r.Body), `"sampling-1","result"`) {
+			got = r
+		}
+	}
+	if string(got.Body) != reply {
+		t.Fatalf("upstream got a reply of %d bytes, want the %d sent", len(got.Body), len(reply))
 	}
 }

@@ -299,14 +299,18 @@ var errBodyTooLarge *http.MaxBytesError
 
 // readBody reads the POST body (up to MaxBody) to classify it, then hands
 // the upstream the same bytes with an exact Content-Length: php-fpm needs
-// one. A larger body is not parsed and streams through as it came. The
+// one. A larger body streams through as it came, classified by its first
+// bytes only (a reply whatever its size, else ordinary). The
 // bytes it holds count against max_buffered (held), taken as they arrive:
 // the caller gives them back when the request ends, even on error. A body
 // that does not fit is read no further (errBodyBudget); what was read of
 // it goes on ahead of the rest.
 func (h *Handler) readBody(r *http.Request) (classifiedBody, error) {
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || r.ContentLength > h.MaxBody {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return classifiedBody{}, nil
+	}
+	if r.ContentLength > h.MaxBody {
+		return h.readPrefix(r)
 	}
 	sized := r.ContentLength >= 0
 	want := r.ContentLength
@@ -320,6 +324,7 @@ func (h *Handler) readBody(r *http.Request) (classifiedBody, error) {
 		var more [1]byte
 		if n, _ := io.ReadFull(r.Body, more[:]); n == 1 {
 			streamOn(r, buf, more[:])
+			body.traits, body.method = serializer.ClassifyPrefix(buf[:min(len(buf), prefixLen)])
 			return body, nil
 		}
 	}
@@ -341,6 +346,27 @@ func (h *Handler) readBody(r *http.Request) (classifiedBody, error) {
 	r.Header.Set("Content-Length", strconv.Itoa(len(buf)))
 	body.traits, body.id, body.method = serializer.Classify(buf)
 	return body, nil
+}
+
+// prefixLen is how much of a body over max_body is read to classify it:
+// a response names its id and result in its first bytes.
+const prefixLen = firstBlock
+
+// readPrefix reads the first bytes of a body over max_body as they arrive
+// and classifies it by them: a reply larger than max_body must still go
+// beside the stream that waits for it. They go on ahead of the rest, which
+// streams through unread.
+func (h *Handler) readPrefix(r *http.Request) (classifiedBody, error) {
+	prefix, held, err := h.budget.readUpTo(r.Body, min(r.ContentLength, prefixLen))
+	body := classifiedBody{held: held}
+	switch {
+	case errors.Is(err, errBodyBudget):
+		streamOn(r, prefix)
+	case err == nil:
+		streamOn(r, prefix)
+		body.traits, body.method = serializer.ClassifyPrefix(prefix)
+	}
+	return body, err
 }
 
 // streamOn puts what was read of r's body back ahead of the rest, which
