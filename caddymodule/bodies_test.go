@@ -7,9 +7,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
 )
 
 // openBody starts a POST of session sid on a connection of its own that
@@ -103,4 +108,100 @@ func TestReplyLargerThanMaxBodySkipsTheStreamItAnswers(t *testing.T) {
 	if string(got.Body) != reply {
 		t.Fatalf("upstream got a reply of %d bytes, want the %d sent", len(got.Body), len(reply))
 	}
+}
+
+// A client that sends part of a body over max_body to a queued session
+// and leaves is never forwarded, not even in part: net/http does not see
+// an HTTP/1 client leave before its body is read, so the module asks the
+// connection before the request's turn. The session goes on as usual.
+func TestLargePOSTWhoseClientLeftWhileQueuedIsNeverForwarded(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the connection is asked through Linux's POLLRDHUP")
+	}
+	const sid = "left-large"
+	up, addr, release := blockingUpstream(t)
+	c := startCaddy(t, "metrics /metrics\nmcp_serializer {\n\tmax_body 1KiB\n}\nreverse_proxy "+addr)
+	gone := func() float64 {
+		return scrapeCounter(t, c, `caddy_mcp_serializer_rejections_total{reason="client_gone"}`)
+	}
+	goneBefore := gone()
+	first := sendAsync(context.Background(), c.url, sid, `{"jsonrpc":"2.0","id":1,"method":"block"}`)
+	up.next(t)
+
+	body := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"data":"` + strings.Repeat("x", 16<<10) + `"}}`
+	host := strings.TrimPrefix(c.url, "http://")
+	conn, err := net.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nMcp-Session-Id: %s\r\nContent-Length: %d\r\n\r\n%s",
+		host, sid, len(body), body[:6<<10])
+	c.awaitWaiting(t, 1)
+	clientPort := conn.LocalAddr().(*net.TCPAddr).Port
+	conn.Close()
+	wait.Until(t, "Caddy's side of the connection sees the client close", func() bool {
+		return tcpState(t, c.port, clientPort) == tcpCloseWait
+	})
+
+	close(release)
+	if resp := <-first; resp == nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the exchange the large POST waited behind: %v", resp)
+	}
+	forwarded := func() bool {
+		for _, r := range up.requests() {
+			if strings.Contains(string(r.Body), "tools/call") {
+				return true
+			}
+		}
+		return false
+	}
+	wait.Until(t, "the large POST dropped or forwarded", func() bool { return gone() > goneBefore || forwarded() })
+	if forwarded() {
+		t.Fatal("the upstream got part of a body whose client had left while it waited")
+	}
+	expectResult(t, call(context.Background(), http.DefaultClient, http.MethodPost, c.url, sid, rpcRequest("1", "ping")), "1")
+	if forwarded() {
+		t.Fatal("the upstream got part of a body whose client had left while it waited")
+	}
+}
+
+// scrapeCounter reads one series from Caddy's metrics (0 if absent).
+func scrapeCounter(t *testing.T, c *testCaddy, series string) float64 {
+	t.Helper()
+	resp, err := http.Get(c.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if value, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			v, _ := strconv.ParseFloat(value, 64)
+			return v
+		}
+	}
+	return 0
+}
+
+const tcpCloseWait = "08" // the peer's FIN came; the socket is still open here
+
+// tcpState is the state, as /proc/net shows it, of the server's side of
+// the loopback connection between serverPort and clientPort, or "". Caddy
+// listens on every address, so IPv4 connections may show as IPv6 ones.
+func tcpState(t *testing.T, serverPort, clientPort int) string {
+	t.Helper()
+	for file, loopback := range map[string]string{"/proc/net/tcp": "0100007F", "/proc/net/tcp6": "0000000000000000FFFF00000100007F"} {
+		table, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		local := fmt.Sprintf("%s:%04X", loopback, serverPort)
+		remote := fmt.Sprintf("%s:%04X", loopback, clientPort)
+		for _, line := range strings.Split(string(table), "\n") {
+			if f := strings.Fields(line); len(f) > 3 && f[1] == local && f[2] == remote {
+				return f[3]
+			}
+		}
+	}
+	return ""
 }

@@ -180,6 +180,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.onInitTimeout = cfg.OnInitTimeout
 	h.budget = &bodyBudget{limit: h.MaxBuffered}
+	watchConns(ctx)
 	registerMetrics(ctx.GetMetricsRegistry())
 	cfg.Events = newEvents(h.logger)
 	if h.engine != nil {

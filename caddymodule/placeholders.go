@@ -45,6 +45,7 @@ type requestInfo struct {
 	waited          time.Duration
 	keyed           bool
 	held            bool
+	unread          bool // a POST whose body is not read whole: its client's leaving goes unseen
 }
 
 // newRequestInfo starts the info of a request in session (or key) id.

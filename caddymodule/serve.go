@@ -66,7 +66,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if err != nil {
 			return h.rejectBody(w, r, err)
 		}
-		info.method = body.method
+		info.method, info.unread = body.method, body.unread(r)
 		if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
 			return err
 		}
@@ -129,7 +129,7 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 		return h.rejectBody(w, r, err)
 	}
 	info := newRequestInfo(r, key)
-	info.keyed, info.method = true, body.method
+	info.keyed, info.method, info.unread = true, body.method, body.unread(r)
 	if body.method.Is("initialize") {
 		return h.serveKeyedInitialize(w, r, next, info, body)
 	}
@@ -230,6 +230,11 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 		return err
 	}
 	defer ended()
+	if info.unread && clientGone(r) {
+		// The client left while its request waited: the upstream would
+		// get part of its body.
+		return h.rejectWait(w, r, info, context.Canceled, reqID)
+	}
 	err = next.ServeHTTP(ew, r)
 	ew.settleStatus(err)
 	h.answered(password, ew.status)
@@ -390,6 +395,11 @@ type classifiedBody struct {
 	id     []byte // of a single request, for a local error reply
 	method serializer.Method
 	held   int64 // bytes of max_buffered taken, to give back
+}
+
+// unread reports a body of r that was not read whole: it streams through.
+func (b classifiedBody) unread(r *http.Request) bool {
+	return b.raw == nil && r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody
 }
 
 // errBodyBudget refuses a body that would take more than what is left of
