@@ -16,9 +16,11 @@ import (
 const pipelineConcurrency = 8
 
 // faultRun is the SDK client's pipelined connects through the front,
-// running in the background. The client holds at the counts of ended
-// connects it was given until the test resumes it, so a fault injected
-// while it is held lands mid-run however fast the machine is.
+// running in the background. Once as many connects as each count it was
+// given have ended, the client holds every connect in flight after its
+// initialize until the test resumes it, so a fault injected while it is
+// held lands mid-run however fast the machine is, with sessions begun
+// and their follow-ups still to come.
 type faultRun struct {
 	label    string
 	resumeW  *os.File
@@ -40,10 +42,12 @@ func startFaultRun(t *testing.T, c *cluster, label string, n int, holdAt ...int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Closing the pipe releases every barrier, so a test that stops early
-	// leaves no client held.
-	t.Cleanup(func() { resumeW.Close(); resumeR.Close() })
 	r := &faultRun{label: label, resumeW: resumeW, held: make(chan int, len(holdAt)), finished: make(chan struct{})}
+	// Cleanups run last first: closing the pipe releases every barrier, so
+	// a test that stops early leaves no client held, and then the client
+	// is waited for, so that it ends with its test.
+	t.Cleanup(func() { <-r.finished })
+	t.Cleanup(func() { resumeW.Close(); resumeR.Close() })
 	args := []string{"pipeline", "--url", c.Front + "/mcp", "--n", strconv.Itoa(n), "--concurrency", strconv.Itoa(pipelineConcurrency), "--get", "open"}
 	if len(holdAt) > 0 {
 		counts := make([]string, len(holdAt))
@@ -77,6 +81,41 @@ func (r *faultRun) heldAt(t *testing.T, k int) {
 		}
 	case <-r.finished:
 		t.Fatalf("%s: the run ended before it held at %d connects", r.label, k)
+	}
+}
+
+// instanceWithHeldSessions is the running instance with the most sessions
+// begun and not yet initialized: while a fault run is held, the sessions
+// whose follow-ups are still to come. It fails the test if no instance
+// has one, so that a fault on it hits work under way.
+func (c *cluster) instanceWithHeldSessions(t *testing.T) *caddyInstance {
+	t.Helper()
+	var most *caddyInstance
+	held := 0
+	for _, in := range c.Instances {
+		if !in.proc.running() {
+			continue
+		}
+		if n := instanceSessionCounts(t, in)["initializing"]; n > held {
+			most, held = in, n
+		}
+	}
+	if most == nil {
+		t.Fatal("no instance holds a session begun and not yet initialized")
+	}
+	t.Logf("%s holds %d sessions whose follow-ups are still to come", most.Name, held)
+	return most
+}
+
+// wantTakenOver fails the test unless the running instances took over a
+// session: the sessions a killed instance held, whose follow-ups came
+// after the kill.
+func wantTakenOver(t *testing.T, c *cluster) {
+	t.Helper()
+	n := sumValues(c.metrics(t, "caddy_mcp_serializer_takeovers_total"))
+	t.Logf("sessions taken over: %v", n)
+	if n == 0 {
+		t.Error("no session was taken over: the kill hit no session whose follow-ups were still to come")
 	}
 }
 
@@ -137,10 +176,11 @@ health_uri /healthz
 health_interval 500ms
 health_timeout 1s`
 
-// One instance killed (SIGKILL) in the middle of a run: the connects in
-// flight on it get an error status from the front, nothing hangs, the
-// front moves the dead instance's sessions to the others, which recover
-// them from Redis, and the two left serve new sessions without failure.
+// One instance killed (SIGKILL) in the middle of a run, while it holds
+// sessions begun whose follow-ups are still to come: the front moves them
+// to the others, which take them over from Redis, nothing hangs, a
+// connect hit fails with a clear error only, and the two left serve new
+// sessions without failure.
 func TestClusterInstanceKilledMidRun(t *testing.T) {
 	prerequisites(t)
 	requireModule(t, redisStateModule)
@@ -150,12 +190,13 @@ func TestClusterInstanceKilledMidRun(t *testing.T) {
 	n := clusterN(t, 300)
 	run := startFaultRun(t, c, "instance killed mid-run", n, n/3)
 	run.heldAt(t, n/3)
-	victim := c.Instances[1]
+	victim := c.instanceWithHeldSessions(t)
 	victim.kill(t)
 	t.Logf("killed %s after %d connects", victim.Name, n/3)
 	run.resume(t)
 	res := run.wait(t, c)
 	wantOnlyClearErrors(t, res)
+	wantTakenOver(t, c)
 	// At most the connects in flight at the kill (8) are hit, each through
 	// one request or two; allow twice that for the health check's lag.
 	if res.FailedSessions > 16 {

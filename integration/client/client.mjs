@@ -32,10 +32,12 @@
 //   has its reply (or has given up on it), for every connect whose
 //   `initialize` returned a session; DELETE and closing the transport are
 //   not included.
-//   --hold-at K[,K2…]: once K connects have ended, start no more until a
-//   line arrives on stdin (or stdin closes), and say so with `held K` on
-//   stdout. A test injects its fault while the run is held, so the fault
-//   lands mid-run on any machine, however fast.
+//   --hold-at K[,K2…]: once K connects have ended, hold each connect
+//   whose initialize answers from then on, before its follow-ups, until a
+//   line arrives on stdin (or stdin closes). Once every connect in flight
+//   is held, say so with `held K` on stdout. A test injects its fault
+//   then, so the fault lands mid-run on any machine, however fast, with
+//   `--concurrency` sessions begun and their follow-ups still to come.
 //
 // sessions: N ordinary SDK clients, `--concurrency` of them at a time, each
 //   doing what an application's client does: connect (initialize, then
@@ -260,7 +262,9 @@ async function flow(opts) {
 }
 
 // One pipelined connect; returns its outcome and adds to the run's counters.
-async function pipelineConnect(opts, run) {
+// afterInitialize is awaited between initialize's answer and the
+// follow-ups.
+async function pipelineConnect(opts, run, afterInitialize = async () => {}) {
   const stats = { exchanges: [] };
   const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
     fetch: recordingFetch(stats, { skipGet: opts.get === 'skip' }),
@@ -343,6 +347,9 @@ async function pipelineConnect(opts, run) {
       return problems.length ? problems : ['initialize: no session id'];
     }
     transport.setProtocolVersion(initReply.result.protocolVersion);
+    const heldFrom = performance.now();
+    await afterInitialize();
+    const held = performance.now() - heldFrom; // not part of the connect's latency
     run.connects += 1;
 
     // What the Inspector's proxy does: forward `initialized` without waiting
@@ -359,7 +366,7 @@ async function pipelineConnect(opts, run) {
     const list = request(3, 'tools/list', {});
     await list.sent.catch(() => {});
     const listReply = await list.reply;
-    run.connectMs.push(performance.now() - connectStarted);
+    run.connectMs.push(performance.now() - connectStarted - held);
     if (!noteReply('later tools/list', listReply) || !Array.isArray(listReply.result?.tools)) {
       run.broken += 1;
     }
@@ -395,16 +402,19 @@ function percentile(values, p) {
   return Math.round(sorted[i] * 10) / 10;
 }
 
-// barriers returns hold(done): it resolves at once until done reaches the
-// next of counts, then only once stdin gives a line for that count (or
-// closes). Each count is announced once, on stdout, as `held K`.
-function barriers(counts) {
-  if (counts.length === 0) return async () => {};
+// barriers returns the run's holds for workers workers: hold(done) resolves
+// at once until done reaches the next of counts, then only once stdin
+// gives a line for that count (or closes); leave() says a worker has
+// ended. Each count is announced once, on stdout, as `held K`, when every
+// worker still running is held.
+function barriers(counts, workers) {
+  if (counts.length === 0) return { hold: async () => {}, leave: () => {} };
   const gates = counts.map((count) => {
     let open;
     const opened = new Promise((resolve) => { open = resolve; });
-    return { count, opened, open, announced: false };
+    return { count, opened, open, held: 0, announced: false };
   });
+  let running = workers;
   let released = 0;
   const lines = readline.createInterface({ input: process.stdin });
   const releaseNext = () => {
@@ -413,22 +423,33 @@ function barriers(counts) {
   };
   lines.on('line', releaseNext);
   lines.on('close', () => { while (released < gates.length) releaseNext(); });
-  return async (done) => {
-    for (const gate of gates) {
+  const announce = (gate) => {
+    if (gate.announced || gate.held < running) return;
+    gate.announced = true;
+    log(`held at ${gate.count} connects`);
+    process.stdout.write(`held ${gate.count}\n`);
+  };
+  const hold = async (done) => {
+    for (const [i, gate] of gates.entries()) {
       if (done < gate.count) return;
-      if (!gate.announced) {
-        gate.announced = true;
-        log(`held at ${gate.count} connects`);
-        process.stdout.write(`held ${gate.count}\n`);
-      }
+      if (i < released) continue;
+      gate.held += 1;
+      announce(gate);
       await gate.opened;
+      gate.held -= 1;
     }
   };
+  const leave = () => {
+    running -= 1;
+    for (const gate of gates) if (gate.held > 0) announce(gate);
+  };
+  return { hold, leave };
 }
 
 async function pipeline(opts) {
   const n = opts.n ?? 200;
-  const hold = barriers(opts.holdAt.filter((k) => k < n));
+  const workers = Math.min(opts.concurrency, n);
+  const { hold, leave } = barriers(opts.holdAt.filter((k) => k < n), workers);
   const run = {
     mode: 'pipeline',
     n,
@@ -452,12 +473,14 @@ async function pipeline(opts) {
   const started = performance.now();
   const worker = async () => {
     for (;;) {
-      await hold(done);
-      if (next >= n) return;
+      if (next >= n) {
+        leave();
+        return;
+      }
       const index = next++;
       let problems;
       try {
-        problems = await pipelineConnect(opts, run);
+        problems = await pipelineConnect(opts, run, () => hold(done));
       } catch (err) {
         run.failedConnects += 1;
         problems = [`connect ${index}: ${err?.message ?? err}`];
@@ -470,7 +493,7 @@ async function pipeline(opts) {
       if (done % 100 === 0 || done === n) log(`${done}/${n} connects, ${run.failedSessions} with failures`);
     }
   };
-  await Promise.all(Array.from({ length: Math.min(opts.concurrency, n) }, worker));
+  await Promise.all(Array.from({ length: workers }, worker));
   run.elapsedMs = Math.round(performance.now() - started);
   run.httpErrorCount = Object.values(run.httpErrors).reduce((a, b) => a + b, 0);
   run.failures = run.rejections + run.httpErrorCount + run.idMismatches + run.broken + run.failedConnects + run.unexpectedReplies + run.timeouts;
