@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -90,7 +91,7 @@ func TestClusterOwnerLongCallsOutlastARedisOutage(t *testing.T) {
 					"--calls", "1", "--tool", "slow_count", "--steps", "7", "--timeout", "30000")
 				done <- res
 			}()
-			waitInFlight(t, c, 12, done)
+			waitOpenInFlight(t, c, 12, done)
 			redis.signal(t, syscall.SIGSTOP)
 			t.Cleanup(func() { redis.signal(t, syscall.SIGCONT) })
 			t.Log("all 12 calls upstream; redis paused for 8s")
@@ -115,27 +116,37 @@ func TestClusterOwnerLongCallsOutlastARedisOutage(t *testing.T) {
 	}
 }
 
-// waitInFlight waits until the cluster's instances have n sessions with an
-// exchange upstream between them, failing the test if the client ends
-// first or 2 minutes pass.
-func waitInFlight[T any](t *testing.T, c *cluster, n int, ended <-chan T) {
+// waitOpenInFlight waits until the cluster's instances have n sessions
+// with an exchange upstream past their initialization (a tool call, not
+// an initialize), failing the test if the client ends first or 2 minutes
+// pass.
+func waitOpenInFlight[T any](t *testing.T, c *cluster, n int, ended <-chan T) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		inFlight := 0
+		calls := 0
 		for _, in := range c.Instances {
-			inFlight += instanceSessionCounts(t, in)["in_flight"]
+			status, _, body := adminCall(t, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(in.Admin)+"/mcp_serializer/sessions?state=in_flight&limit=1000")
+			var rep sessionsReport
+			if err := json.Unmarshal(body, &rep); status != http.StatusOK || err != nil || len(rep.Tables) != 1 {
+				t.Fatalf("GET /mcp_serializer/sessions: %d %v %s", status, err, body)
+			}
+			for _, s := range rep.Tables[0].Sessions {
+				if s.State == "open" {
+					calls++
+				}
+			}
 		}
-		if inFlight >= n {
+		if calls >= n {
 			return
 		}
 		select {
 		case <-ended:
-			t.Fatalf("the client ended before %d sessions had an exchange upstream at once", n)
+			t.Fatalf("the client ended before %d sessions had a call upstream at once", n)
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d sessions with an exchange upstream after 2 minutes, want %d", inFlight, n)
+			t.Fatalf("%d sessions with a call upstream after 2 minutes, want %d", calls, n)
 		}
 	}
 }
