@@ -99,11 +99,28 @@ func read(file, condition string, counts map[string]map[string]*tally) error {
 		}
 	}
 	testFailed := map[string]bool{}
+	// Tests begun and not yet ended, by package: one still running when
+	// its package binary fails hung there, or was cut by the timeout.
+	running := map[string]map[string]bool{}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
 		var e event
-		if json.Unmarshal(sc.Bytes(), &e) != nil || (e.Action != "pass" && e.Action != "fail") {
+		if json.Unmarshal(sc.Bytes(), &e) != nil {
+			continue
+		}
+		if e.Test != "" {
+			switch e.Action {
+			case "run":
+				if running[e.Package] == nil {
+					running[e.Package] = map[string]bool{}
+				}
+				running[e.Package][e.Test] = true
+			case "pass", "fail", "skip":
+				delete(running[e.Package], e.Test)
+			}
+		}
+		if e.Action != "pass" && e.Action != "fail" {
 			continue
 		}
 		failed := e.Action == "fail"
@@ -112,8 +129,12 @@ func read(file, condition string, counts map[string]map[string]*tally) error {
 			testFailed[e.Package] = testFailed[e.Package] || failed
 			continue
 		}
-		add(e.Package+" (package)", failed && !testFailed[e.Package])
+		for name := range running[e.Package] {
+			add(path.Base(e.Package)+"."+name, true)
+		}
+		add(e.Package+" (package)", failed && (!testFailed[e.Package] || len(running[e.Package]) > 0))
 		delete(testFailed, e.Package)
+		delete(running, e.Package)
 	}
 	return sc.Err()
 }
