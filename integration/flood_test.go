@@ -251,8 +251,7 @@ func (s *sessionSampler) peak() int {
 	return m
 }
 
-// stop ends sampling and returns the most sessions seen since the last
-// peak, the number of samples, and the last counts.
+// sample reads the session counts once.
 func (s *sessionSampler) sample(client *http.Client) {
 	counts, err := sampleSessions(client, s.admin)
 	s.mu.Lock()
@@ -267,6 +266,8 @@ func (s *sessionSampler) sample(client *http.Client) {
 	}
 }
 
+// stop ends sampling and returns the most sessions seen since the last
+// peak, the number of samples, and the last counts.
 func (s *sessionSampler) stop() (maxSeen, samples int, last tableCountsSample) {
 	close(s.stopped)
 	<-s.done
