@@ -355,7 +355,7 @@ func (h *Handler) readBody(r *http.Request) (classifiedBody, error) {
 
 // prefixLen is how much of a body over max_body is read to classify it:
 // a response names its id and result in its first bytes.
-const prefixLen = firstBlock
+const prefixLen = 4 << 10
 
 // readPrefix reads the first bytes of a body over max_body as they arrive
 // and classifies it by them: a reply larger than max_body must still go
@@ -436,8 +436,11 @@ func (b *bodyBudget) release(n int64) {
 }
 
 // firstBlock is what a body holds once its first byte has come, before it
-// has shown that it is larger: no more than a request costs the server.
-const firstBlock = 4 << 10
+// has shown that it is larger: less than its stream costs the server, so
+// that bodies which send a byte and stall fill max_buffered only once the
+// server holds more of them than it can serve anyway (131,072 at the
+// default 64 MiB).
+const firstBlock = 512
 
 // readUpTo reads up to want bytes, holding of b only what has arrived:
 // nothing until the first byte, then a first block (firstBlock, or want if
@@ -467,13 +470,14 @@ func (b *bodyBudget) readUpTo(r io.Reader, want int64) (buf []byte, held int64, 
 		if err != nil || int64(n) == want {
 			return buf[:n], held, err
 		}
+		// Only the growth is reserved: the old block is garbage once
+		// copied, so a body fits the budget exactly as its final size does.
 		next := min(want, 2*int64(n))
-		if !b.reserve(next) {
+		if !b.reserve(next - held) {
 			return buf[:n], held, errBodyBudget
 		}
 		grown := make([]byte, next)
 		copy(grown, buf)
-		b.release(held)
 		buf, held = grown, next
 	}
 }
