@@ -61,11 +61,20 @@ func TestBodiesAnnouncedButNotSentLockNoSessionOut(t *testing.T) {
 // A reply larger than max_body (a sampling result carrying an image) is
 // told a reply by its first bytes: it goes upstream beside the stream
 // that waits for it, and the stream then ends with its result, rather than
-// the reply waiting behind the stream until queue_timeout.
+// the reply waiting behind the stream until queue_timeout. The
+// TypeScript SDK writes the id after the result, out of the first bytes.
 func TestReplyLargerThanMaxBodySkipsTheStreamItAnswers(t *testing.T) {
+	image := `{"role":"assistant","content":{"type":"image","mimeType":"image/png","data":"` + strings.Repeat("A", 8<<10) + `"}}`
+	for name, reply := range map[string]string{
+		"id first":                  `{"jsonrpc":"2.0","id":"sampling-1","result":` + image + `}`,
+		"result first (TypeScript)": `{"result":` + image + `,"jsonrpc":"2.0","id":"sampling-1"}`,
+	} {
+		t.Run(name, func(t *testing.T) { replyLargerThanMaxBodySkipsTheStream(t, reply) })
+	}
+}
+
+func replyLargerThanMaxBodySkipsTheStream(t *testing.T, reply string) {
 	const sid = "big-reply"
-	reply := `{"jsonrpc":"2.0","id":"sampling-1","result":{"role":"assistant","content":{"type":"image","mimeType":"image/png","data":"` +
-		strings.Repeat("A", 8<<10) + `"}}}`
 	replied := make(chan struct{})
 	up, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		if strings.Contains(string(body), `"result"`) {
@@ -101,7 +110,7 @@ func TestReplyLargerThanMaxBodySkipsTheStreamItAnswers(t *testing.T) {
 	}
 	var got seenRequest
 	for _, r := range up.requests() {
-		if strings.Contains(string(r.Body), `"sampling-1","result"`) {
+		if strings.Contains(string(r.Body), `"sampling-1"`) && !strings.Contains(string(r.Body), "method") {
 			got = r
 		}
 	}

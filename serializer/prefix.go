@@ -2,53 +2,26 @@ package serializer
 
 // ClassifyPrefix classifies a body of which only the first bytes are
 // known, one too large to read whole: RepliesOnly, with the method
-// "response" or "batch", if those bytes show JSON-RPC responses, else no
-// traits. It decides from the members shown so far of the top-level
-// object, or of each object of a top-level array: each must have shown an
-// "id" and a "result" or "error" member and no "method" member. What
-// follows the prefix is not seen; a "method" member after a large result
-// would go unnoticed. Bytes that cannot begin valid JSON are ordinary.
+// "response", if those bytes show a JSON-RPC response, else no traits. It
+// decides from the members shown so far of a top-level object: a "result"
+// or "error" member and no "method" member, and an "id" too if the object
+// ended within the prefix (the TypeScript SDK writes the id after the
+// result, so a large result hides it). What follows the prefix is not
+// seen: a "method" member after a large result would go unnoticed, and
+// only in the sender's own session. A top-level array (a batch, which MCP
+// has not had since 2025-06-18) is ordinary: a request could follow its
+// replies unseen. Bytes that cannot begin valid JSON are ordinary.
 func ClassifyPrefix(prefix []byte) (Traits, Method) {
 	s := prefixScanner{b: prefix}
 	s.space()
-	switch s.peek() {
-	case '{':
-		if m, st := s.object(); st != prefixBad && m.isResponse() && s.endsWell(st) {
-			return RepliesOnly, Method{kind: methodResponse}
-		}
-	case '[':
-		s.i++
-		n := 0
-		for {
-			s.space()
-			if s.i == len(s.b) {
-				break // the rest of the array is not shown
-			}
-			if n > 0 {
-				if s.b[s.i] != ',' {
-					return 0, Method{} // the end, or not JSON: ordinary either way
-				}
-				s.i++
-				s.space()
-				if s.i == len(s.b) {
-					break
-				}
-			}
-			if s.b[s.i] != '{' {
-				return 0, Method{}
-			}
-			m, st := s.object()
-			if st == prefixBad || !m.isResponse() {
-				return 0, Method{}
-			}
-			n++
-			if st == prefixCut {
-				break
-			}
-		}
-		if n > 0 {
-			return RepliesOnly, Method{kind: methodBatch}
-		}
+	if s.peek() != '{' {
+		return 0, Method{}
+	}
+	m, st := s.object()
+	switch {
+	case st == prefixCut && !m.hasMethod && m.hasResult,
+		st == prefixDone && m.isResponse() && s.endsWell(st):
+		return RepliesOnly, Method{kind: methodResponse}
 	}
 	return 0, Method{}
 }
