@@ -151,8 +151,16 @@ func (s *Session) lineLeftToOvertaker() *Session {
 	return line
 }
 
-// release gives the slot back without any effect of an upstream answer.
-func (t Turn) release() { t.end(nil) }
+// release gives the slot back without any effect of an upstream answer,
+// and an overtaker the line its stream left it.
+func (t Turn) release() {
+	t.end(nil)
+	if t.overtake {
+		if line := t.s.lineLeftToOvertaker(); line != nil {
+			Turn{s: line}.Done(0)
+		}
+	}
+}
 
 // giveBack gives back a turn that will not go upstream: its slots, line's
 // included, without effect, and its references.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -819,4 +820,65 @@ func TestAnEndedRequestIsNotKeptByItsSessionsLine(t *testing.T) {
 	if _, ok := tracked(tab, "s"); !ok {
 		t.Fatal("the session was forgotten: the test no longer shows what its line keeps")
 	}
+}
+
+// hookClock is a fakeClock whose next timer's stop blocks until the test
+// lets it go: it opens the window between a waiter's grant and its check
+// of its context in Session.enter.
+type hookClock struct {
+	*fakeClock
+	mu       sync.Mutex
+	armed    bool
+	stopping chan struct{}
+	proceed  chan struct{}
+}
+
+func (c *hookClock) AfterFunc(d time.Duration, f func()) func() bool {
+	stop := c.fakeClock.AfterFunc(d, f)
+	c.mu.Lock()
+	hook := c.armed
+	c.armed = false
+	c.mu.Unlock()
+	if !hook {
+		return stop
+	}
+	return func() bool {
+		close(c.stopping)
+		<-c.proceed
+		return stop()
+	}
+}
+
+// An overtaker whose client leaves as its turn comes, just as the stream
+// it overtook ends and leaves it the key's line, frees that line: the
+// key's other sessions go on.
+func TestAnOvertakerLeavingAtItsGrantFreesTheLineItWasLeft(t *testing.T) {
+	clock := &hookClock{fakeClock: newFakeClock(), stopping: make(chan struct{}), proceed: make(chan struct{})}
+	tab, _ := newTestTable(t, func(c *Config) { c.Clock = clock })
+	call := mustGet(t, inLineAsync(t, tab, "a", "key user", 0))
+	call.turn.Streaming()
+	o1 := mustGet(t, inLineAsync(t, tab, "a", "key user", RepliesOnly)) // overtakes
+	clock.mu.Lock()
+	clock.armed = true
+	clock.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	o2 := make(chan result, 1)
+	go func() {
+		turn, err := tab.AcquireInLine(ctx, "a", "key user", RepliesOnly, nil)
+		o2 <- result{turn, err}
+	}()
+	eventually(t, func() bool { return waitingCount(tab, "a") == 1 }) // behind o1
+	o1.turn.Done(202)                                                 // o2 is granted; it reaches stop()
+	<-clock.stopping
+	call.turn.Done(200) // the stream ends: its line is left to o2
+	cancel()            // o2's client leaves as its turn comes
+	close(clock.proceed)
+	if r := mustGet(t, o2); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("o2: %v, want context.Canceled", r.err)
+	}
+	r := mustGet(t, inLineAsync(t, tab, "b", "key user", 0))
+	if r.err != nil {
+		t.Fatalf("session b of the same key: %v", r.err)
+	}
+	r.turn.Done(200)
 }
