@@ -18,7 +18,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
-	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
 	"github.com/mcpserializer/caddy-mcp-serializer/owner"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 	"github.com/mcpserializer/caddy-mcp-serializer/stateengine"
@@ -128,9 +127,9 @@ type Handler struct {
 	generation uint64
 	applied    *appliedSettings
 	logger     *zap.Logger
-	// synthWarns spaces the WARNs of on_init_timeout synthesize: every
-	// client that walks away after initialize causes one.
-	synthWarns *warnlimit.Limiter
+	// synthWarns spaces the WARNs of on_init_timeout synthesize, each kind
+	// on its own: every client that walks away after initialize causes one.
+	synthWarns *synthWarnings
 	claim      tableUse    // set on the config's first handler of a table
 	claimed    *tableClaim // to check the others against
 }
@@ -151,7 +150,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // refuses must change nothing that runs.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.synthWarns = new(warnlimit.Limiter)
+	h.synthWarns = new(synthWarnings)
 	h.fillDefaults()
 	rawState := h.StateRaw // LoadModule clears it
 	if h.StateRaw != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -59,7 +60,7 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 	return func(ctx context.Context) bool {
 		srv := runningServer(server, listen)
 		if srv == nil {
-			if ok, suppressed := h.synthWarns.Allow(time.Now()); ok {
+			if ok, suppressed := h.synthWarns.noServer.Allow(time.Now()); ok {
 				h.logger.Warn("on_init_timeout synthesize: no server of the running config listens where the session was created; the gate opens without it",
 					zap.String("session", serializer.SessionHash(id)), zap.Strings("listen", listen), zap.Int("suppressed", suppressed))
 			}
@@ -90,7 +91,7 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 			return true // the client's own was acknowledged while it waited
 		}
 		status := statusOf(rec.status, err)
-		if ok, suppressed := h.synthWarns.Allow(time.Now()); ok {
+		if ok, suppressed := h.synthWarns.sent.Allow(time.Now()); ok {
 			h.logger.Warn("sent notifications/initialized on the client's behalf (on_init_timeout synthesize)",
 				zap.String("session", serializer.SessionHash(id)), zap.Int("status", status), zap.Error(err), zap.Int("suppressed", suppressed))
 		}
@@ -161,3 +162,8 @@ func (w *statusRecorder) Write(b []byte) (int, error) {
 }
 
 func (w *statusRecorder) Flush() {}
+
+// synthWarnings spaces each kind of synthesize WARN on its own, so that
+// the rarer one (no server listens after a reload) is never held back by
+// the other.
+type synthWarnings struct{ sent, noServer warnlimit.Limiter }

@@ -119,8 +119,9 @@ reverse_proxy `+addr)
 func TestSynthesizedInitializedKeepsTheClientsHTTPSThroughPHPFastCGI(t *testing.T) {
 	const sid = "synth-https-fcgi"
 	type seen struct {
-		method string
-		https  bool // net/http/fcgi sets r.TLS from HTTPS=on
+		method     string
+		https      bool   // net/http/fcgi sets r.TLS from HTTPS=on
+		serverAddr string // from the connection's local address
 	}
 	arrived := make(chan seen, 64)
 	answer := mcpAnswer(sid, nil)
@@ -131,7 +132,7 @@ func TestSynthesizedInitializedKeepsTheClientsHTTPSThroughPHPFastCGI(t *testing.
 	t.Cleanup(func() { l.Close() })
 	go fcgi.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		arrived <- seen{parseRPC(body).Method, r.TLS != nil}
+		arrived <- seen{parseRPC(body).Method, r.TLS != nil, fcgi.ProcessEnv(r)["SERVER_ADDR"]}
 		if r.TLS == nil {
 			http.Redirect(w, r, "https://"+r.Host+r.URL.Path, http.StatusMovedPermanently)
 			return
@@ -154,11 +155,18 @@ php_fastcgi `+l.Addr().String())
 		t.Fatalf("initialize: %d %v %s", a.status, a.err, a.body)
 	}
 	expectResult(t, call(ctx, client, http.MethodPost, c.url, sid, rpcRequest("2", "tools/list")), "2")
+	serverAddr := ""
 	for _, want := range []string{"initialize", "notifications/initialized", "tools/list"} {
 		select {
 		case s := <-arrived:
 			if s.method != want || !s.https {
 				t.Fatalf("PHP saw %s (HTTPS=on: %v), want %s with HTTPS=on", s.method, s.https, want)
+			}
+			if serverAddr == "" {
+				serverAddr = s.serverAddr
+			}
+			if s.serverAddr == "" || s.serverAddr != serverAddr {
+				t.Fatalf("PHP saw %s with SERVER_ADDR %q, want %q as for initialize", s.method, s.serverAddr, serverAddr)
 			}
 		default:
 			t.Fatalf("%s never reached PHP", want)
