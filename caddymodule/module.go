@@ -203,7 +203,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		applied := &appliedSettings{}
 		applied.generation.Store(h.generation)
 		owners := owner.NewDirectory(owner.NewID(), cfg.MaxSessions, cfg.SessionTTL, ownerDownFor, nil)
-		return pooledTable{serializer.NewTable(cfg), applied, owners, newProvenPasswords(cfg.MaxSessions)}, nil
+		tableCfg := cfg
+		tableCfg.Clock = newTableClock()
+		return pooledTable{serializer.NewTable(tableCfg), applied, owners, newProvenPasswords(cfg.MaxSessions)}, nil
 	})
 	if err != nil {
 		return err
@@ -435,6 +437,18 @@ func (h *Handler) Cleanup() error {
 var tables = caddy.NewUsagePool()
 
 const poolKeyPrefix = "mcp_serializer/"
+
+// tableClock is the clock of the session tables created from now on: its
+// timers run init_timeout and queue_timeout. Unset, the system's; tests
+// set one they move by hand.
+var tableClock atomic.Pointer[serializer.Clock]
+
+func newTableClock() serializer.Clock {
+	if c := tableClock.Load(); c != nil {
+		return *c
+	}
+	return nil // NewTable's default, the system clock
+}
 
 // pooledTable lets the usage pool stop a table's janitor.
 type pooledTable struct {
