@@ -12,13 +12,17 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/mcpserializer/caddy-mcp-serializer/caddymodule"
 	"github.com/mcpserializer/caddy-mcp-serializer/integration/mcpstub"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testclock"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
 )
 
 // `caddy reload` (through the admin API) under steady pipelined load
@@ -39,6 +43,10 @@ func TestReloadUnderPipelinedLoadLosesNothing(t *testing.T) {
 		return fmt.Sprintf("mcp_serializer {\n\tqueue_timeout %ds\n}\nreverse_proxy %s {\n\tflush_interval -1\n\ttransport http {\n\t\tkeepalive off\n\t}\n}",
 			queueTimeout, strings.TrimPrefix(upstreamSrv.URL, "http://"))
 	}
+	// The table's timers run on a clock that stays put: the gated session
+	// is released by its initialized, never by init_timeout (10 s) or
+	// queue_timeout passing on a slow run.
+	caddymodule.UseTableClock(t, testclock.New())
 	c := startCaddy(t, site(10))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -79,7 +87,8 @@ func TestReloadUnderPipelinedLoadLosesNothing(t *testing.T) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var sum mcpstub.Summary
-	sent := map[string][]string{} // session -> ids sent by steady senders
+	var inFlight, completed atomic.Int64 // pipelined connects
+	sent := map[string][]string{}        // session -> ids sent by steady senders
 	var failures []string
 	for range 3 { // pipelined connects, back to back
 		wg.Go(func() {
@@ -89,10 +98,13 @@ func TestReloadUnderPipelinedLoadLosesNothing(t *testing.T) {
 					return
 				default:
 				}
+				inFlight.Add(1)
 				r := driver.Connect(ctx)
+				inFlight.Add(-1)
 				mu.Lock()
 				sum.Add(r)
 				mu.Unlock()
+				completed.Add(1)
 			}
 		})
 	}
@@ -118,14 +130,30 @@ func TestReloadUnderPipelinedLoadLosesNothing(t *testing.T) {
 		}
 	}
 
-	const reloads = 6
+	// A reload after every perReload connects completed, and perReload
+	// more after the last: on a slow machine the run takes longer but
+	// holds as many connects, before, between and after the reloads.
+	// Each reload begins with connects in flight (counted here, checked
+	// below): the loops run them back to back.
+	const reloads, perReload = 6, 3
+	var busyAtReload [reloads]int64
+	awaitConnects := func(n int) {
+		t.Helper()
+		wait.Until(t, fmt.Sprintf("%d pipelined connects completed", n), func() bool { return completed.Load() >= int64(n) })
+	}
 	for i := range reloads {
-		time.Sleep(150 * time.Millisecond)
+		awaitConnects((i + 1) * perReload)
+		busyAtReload[i] = inFlight.Load()
 		c.reload(t, site(10+i%2))
 	}
-	time.Sleep(150 * time.Millisecond)
+	awaitConnects((reloads + 1) * perReload)
 	close(stop)
 	wg.Wait()
+	for i, n := range busyAtReload {
+		if n == 0 {
+			t.Errorf("reload %d began with no pipelined connect in flight (in flight at each: %v)", i+1, busyAtReload)
+		}
+	}
 
 	// The held request is still held, and goes once initialized is in.
 	select {
@@ -138,9 +166,9 @@ func TestReloadUnderPipelinedLoadLosesNothing(t *testing.T) {
 	}
 	expectResult(t, await(t, held, 5*time.Second, "held request"), `"held"`)
 
-	t.Logf("%d reloads under load: %d pipelined connects (%d failed), %d steady requests (%d failed)",
-		reloads, sum.Connects, sum.Failed, countAll(sent), len(failures))
-	if sum.Connects < 10 || sum.Failed != 0 {
+	t.Logf("%d reloads under load: %d pipelined connects (%d failed; in flight at each reload: %v), %d steady requests (%d failed)",
+		reloads, sum.Connects, sum.Failed, busyAtReload, countAll(sent), len(failures))
+	if sum.Connects < (reloads+1)*perReload || sum.Failed != 0 {
 		t.Errorf("pipelined connects across reloads: %s", sum)
 	}
 	if len(failures) > 0 {
@@ -262,16 +290,22 @@ func countAll(m map[string][]string) int {
 // route of the config in force then, not the route that served
 // initialize, which the reload has cleaned up: here the reload moves the
 // site to another upstream, and the notification and the held request
-// both go there.
+// both go there. The table's clock is moved by hand, so the init_timeout
+// passes once the reload is done and the request is held, however long
+// the reload takes.
 func TestSynthesizeAfterReloadGoesThroughTheRunningConfig(t *testing.T) {
 	const sid = "synth-reload"
 	before, beforeAddr := newUpstream(t, mcpAnswer(sid, nil))
 	after, afterAddr := newUpstream(t, mcpAnswer(sid, nil))
+	clock := testclock.New()
+	caddymodule.UseTableClock(t, clock)
 	site := "mcp_serializer {\n\tinit_timeout %s\n\ton_init_timeout synthesize\n}\nreverse_proxy %s"
 	c := startCaddy(t, fmt.Sprintf(site, "500ms", beforeAddr))
 	initialize(t, c, sid)
 	c.reload(t, fmt.Sprintf(site, "400ms", afterAddr))
 	held := callAsync(context.Background(), http.MethodPost, c.url, sid, rpcRequest("2", "tools/list"))
+	c.awaitWaiting(t, 1)
+	clock.Advance(500 * time.Millisecond) // the init_timeout the session began with
 	expectResult(t, await(t, held, 5*time.Second, "held request"), "2")
 	if got, want := strings.Join(before.labels(), " "), "initialize#1"; got != want {
 		t.Errorf("upstream of the config before the reload saw %q, want %q", got, want)
