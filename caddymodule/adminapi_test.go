@@ -15,8 +15,14 @@ import (
 
 func adminRequest(t *testing.T, method, url string) (int, http.Header, map[string]any) {
 	t.Helper()
-	req, _ := http.NewRequest(method, url, nil)
-	resp, err := http.DefaultClient.Do(req)
+	var resp *http.Response
+	var err error
+	if method == http.MethodGet {
+		resp, err = get(url) // again if a reload closed the connection
+	} else {
+		req, _ := http.NewRequest(method, url, nil)
+		resp, err = http.DefaultClient.Do(req)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -105,17 +105,22 @@ func loadThroughAdmin(t testing.TB, admin, caddyfile string) {
 // asynchronously has then reached its place in its session's line.
 func (c *testCaddy) awaitWaiting(t *testing.T, n int) {
 	t.Helper()
-	wait.Until(t, fmt.Sprintf("%d requests waiting", n), func() bool {
-		_, _, v := adminRequest(t, http.MethodGet, c.admin+"/mcp_serializer/sessions")
-		tables, _ := v["tables"].([]any)
-		waiting := 0
-		for _, tb := range tables {
-			counts, _ := tb.(map[string]any)["counts"].(map[string]any)
-			w, _ := counts["waiting_requests"].(float64)
-			waiting += int(w)
-		}
-		return waiting == n
-	})
+	wait.Until(t, fmt.Sprintf("%d requests waiting", n), func() bool { return c.waiting(t) == n })
+}
+
+// waiting returns how many requests wait for their turn, over every
+// session table, as the admin endpoint counts them.
+func (c *testCaddy) waiting(t *testing.T) int {
+	t.Helper()
+	_, _, v := adminRequest(t, http.MethodGet, c.admin+"/mcp_serializer/sessions")
+	tables, _ := v["tables"].([]any)
+	waiting := 0
+	for _, tb := range tables {
+		counts, _ := tb.(map[string]any)["counts"].(map[string]any)
+		w, _ := counts["waiting_requests"].(float64)
+		waiting += int(w)
+	}
+	return waiting
 }
 
 // metric reads one series of the module's metrics on the admin endpoint,
@@ -123,7 +128,7 @@ func (c *testCaddy) awaitWaiting(t *testing.T, n int) {
 // The counters are the process's: compare with a reading taken before.
 func (c *testCaddy) metric(t *testing.T, series string) float64 {
 	t.Helper()
-	resp, err := http.Get(c.admin + "/metrics")
+	resp, err := get(c.admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,6 +265,21 @@ func expectRPCError(t *testing.T, resp *http.Response, status int, id string) rp
 		t.Fatalf("error id = %s, want %s", e.ID, id)
 	}
 	return e
+}
+
+// get sends a GET, and again, up to three times in all, while the
+// connection closes before any answer: a reload replaces the admin
+// endpoint's listener (and a site's), and the old one, closing, may take
+// a fresh connection and drop it unread, or close the keep-alive
+// connection the last request went on. A GET changes nothing, so sending
+// it again is safe.
+func get(url string) (*http.Response, error) {
+	for try := 1; ; try++ {
+		resp, err := http.Get(url)
+		if err == nil || try == 3 || !(errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+			return resp, err
+		}
+	}
 }
 
 // do sends req, and once more if the connection closed before any answer
