@@ -35,8 +35,26 @@ func TestRedisStateConformance(t *testing.T) {
 		eng := enginetest.Load(t, nil, "redis", map[string]any{
 			"address": []string{addr}, "key_prefix": "conformance" + strconv.Itoa(n) + ":",
 		}).(*Engine)
-		return enginetest.Under{Store: enginetest.NewAdapter(eng, ttl, zap.NewNop()), Advance: time.Sleep}
+		return under(eng, ttl, eng.client)
 	})
+}
+
+// under is eng as Conformance runs it. Redis keeps its own clock: time
+// passes for real, and a record's expiry is read there, through expiries
+// (a client allowed PEXPIRETIME).
+func under(eng *Engine, ttl time.Duration, expiries redis.Cmdable) enginetest.Under {
+	return enginetest.Under{
+		Store:   enginetest.NewAdapter(eng, ttl, zap.NewNop()),
+		Advance: time.Sleep,
+		Expiry: func(t *testing.T, id string) time.Time {
+			t.Helper()
+			at, err := expiries.PExpireTime(context.Background(), eng.KeyPrefix+serializer.StoreKey(id)).Result()
+			if err != nil || at < 0 {
+				t.Fatalf("PEXPIRETIME of the record of %s: %v, %v", id, at, err)
+			}
+			return time.UnixMilli(at.Milliseconds())
+		},
+	}
 }
 
 // Several addresses make a cluster client: here a one-node Redis Cluster,
@@ -72,7 +90,7 @@ func TestRedisClusterStateConformance(t *testing.T) {
 		if _, ok := eng.client.(*redis.ClusterClient); !ok {
 			t.Fatalf("two addresses made a %T, want a cluster client", eng.client)
 		}
-		return enginetest.Under{Store: enginetest.NewAdapter(eng, ttl, zap.NewNop()), Advance: time.Sleep}
+		return under(eng, ttl, eng.client)
 	})
 }
 
@@ -91,7 +109,7 @@ func TestRedisClusterBehindOneAddress(t *testing.T) {
 		if _, ok := eng.client.(*redis.ClusterClient); !ok {
 			t.Fatalf("cluster made a %T, want a cluster client", eng.client)
 		}
-		return enginetest.Under{Store: enginetest.NewAdapter(eng, ttl, zap.NewNop()), Advance: time.Sleep}
+		return under(eng, ttl, eng.client)
 	})
 
 	ctx := context.Background()
@@ -480,7 +498,8 @@ func TestRedisEngineRunsAsTheLeastPrivilegedUser(t *testing.T) {
 	}
 	enginetest.Conformance(t, func(t *testing.T, ttl time.Duration) enginetest.Under {
 		n++ // keys of their own per engine, within the user's
-		return enginetest.Under{Store: enginetest.NewAdapter(load(t, fmt.Sprintf("mcp_serializer:%d:", n)), ttl, zap.NewNop()), Advance: time.Sleep}
+		// The user may not read expiries; the admin connection may.
+		return under(load(t, fmt.Sprintf("mcp_serializer:%d:", n)), ttl, admin)
 	})
 
 	core, logs := observer.New(zap.WarnLevel)
