@@ -10,6 +10,7 @@ import (
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/enginetest"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -158,12 +159,25 @@ func TestRedisRunningMarkOutlastsATakeOverAndIsClearedByItsMaker(t *testing.T) {
 		t.Fatal(err)
 	}
 	runningFor("none")
-	if err := store.MarkRunning(ctx, "s", next, 200*time.Millisecond); err != nil {
+	// A mark nobody refreshes lapses on Redis' clock: read back at once
+	// (a stalled machine has 2 s to get there), at most as long as it was
+	// given, then gone once that is over.
+	const life = 2 * time.Second
+	if err := store.MarkRunning(ctx, "s", next, life); err != nil {
 		t.Fatal(err)
 	}
-	runningFor("marked")
-	time.Sleep(300 * time.Millisecond) // a mark nobody refreshes lapses on Redis' clock
-	runningFor("none")
+	left := runningFor("marked")
+	if left > life {
+		t.Fatalf("RunningFor = %v just after a %v mark", left, life)
+	}
+	time.Sleep(left)
+	wait.Until(t, "the mark to lapse", func() bool {
+		d, err := store.RunningFor(ctx, "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d == 0
+	})
 
 	if err := store.MarkRunning(ctx, "missing", old, 5*time.Second); err != nil {
 		t.Fatal(err)
