@@ -20,7 +20,7 @@ func ClassifyPrefix(prefix []byte) (Traits, Method) {
 	m, st := s.object()
 	switch {
 	case st == prefixCut && !m.hasMethod && m.hasResult,
-		st == prefixDone && m.isResponse() && s.endsWell(st):
+		st == prefixDone && m.isResponse() && s.endsWell():
 		return RepliesOnly, Method{kind: methodResponse}
 	}
 	return 0, Method{}
@@ -51,12 +51,9 @@ func (s *prefixScanner) peek() byte {
 
 func (s *prefixScanner) space() { s.i = skipSpace(s.b, s.i) }
 
-// endsWell reports whether what follows a top-level value that ended with
-// st can still be valid JSON: nothing but whitespace.
-func (s *prefixScanner) endsWell(st prefixStatus) bool {
-	if st == prefixCut {
-		return true
-	}
+// endsWell reports whether only whitespace follows the top-level value
+// that ended at s.i.
+func (s *prefixScanner) endsWell() bool {
 	s.space()
 	return s.i == len(s.b)
 }
