@@ -14,7 +14,7 @@ package serializer
 func ClassifyPrefix(prefix []byte) (Traits, Method) {
 	s := prefixScanner{b: prefix}
 	s.space()
-	if s.peek() != '{' {
+	if s.i == len(s.b) || s.b[s.i] != '{' {
 		return 0, Method{}
 	}
 	m, st := s.object()
@@ -40,13 +40,6 @@ const (
 type prefixScanner struct {
 	b []byte
 	i int
-}
-
-func (s *prefixScanner) peek() byte {
-	if s.i < len(s.b) {
-		return s.b[s.i]
-	}
-	return 0
 }
 
 func (s *prefixScanner) space() { s.i = skipSpace(s.b, s.i) }
