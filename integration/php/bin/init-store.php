@@ -2,7 +2,7 @@
 
 declare(strict_types=1);
 
-// Creates the SQLite store (WAL mode; sessions, carts, locks) before PHP-FPM starts.
+// Creates the SQLite store (WAL mode; sessions, carts, locks, overlap counts) before PHP-FPM starts.
 //
 //   php8.2 bin/init-store.php /path/to/sessions.sqlite
 //
@@ -11,6 +11,7 @@ declare(strict_types=1);
 require __DIR__ . '/../src/Config.php';
 require __DIR__ . '/../src/SessionStore.php';
 require __DIR__ . '/../src/SessionLock.php';
+require __DIR__ . '/../src/OverlapCounter.php';
 
 $path = $argv[1] ?? Config::fromEnvironment()->storePath;
 (new SessionStore($path))->migrate();

@@ -7,6 +7,7 @@ declare(strict_types=1);
 require __DIR__ . '/../src/Config.php';
 require __DIR__ . '/../src/SessionStore.php';
 require __DIR__ . '/../src/SessionLock.php';
+require __DIR__ . '/../src/OverlapCounter.php';
 require __DIR__ . '/../src/CartStore.php';
 require __DIR__ . '/../src/ModernEndpoint.php';
 require __DIR__ . '/../src/McpEndpoint.php';

@@ -31,6 +31,9 @@ declare(strict_types=1);
  *   MCP_PHP_LISTEN_SECONDS lifetime of a subscriptions/listen stream before
  *                        the server ends it; 0, the default, keeps it open
  *                        until the client has left
+ *   MCP_PHP_COUNT_OVERLAP "1": count each session's requests running at once
+ *                        in the store (OverlapCounter; read with
+ *                        bin/overlap-report.php); default off
  */
 final class Config
 {
@@ -50,6 +53,7 @@ final class Config
         public readonly int $cartWorkMaxMs = 20,
         public readonly int $listenSeconds = 0,
         public readonly int $activitySeconds = 60,
+        public readonly bool $countOverlap = false,
     ) {
     }
 
@@ -81,6 +85,7 @@ final class Config
             cartWorkMaxMs: $cartMax,
             listenSeconds: max(0, (int) self::value('MCP_PHP_LISTEN_SECONDS', '0')),
             activitySeconds: max(0, (int) self::value('MCP_PHP_ACTIVITY_SECONDS', '60')),
+            countOverlap: in_array(strtolower(self::value('MCP_PHP_COUNT_OVERLAP', '0')), ['1', 'on', 'true', 'yes'], true),
         );
     }
 

@@ -42,6 +42,10 @@ final class McpEndpoint
         $method = $_SERVER['REQUEST_METHOD'] ?? 'GET';
         $sessionId = $this->sessionHeader();
         try {
+            if ($this->config->countOverlap && $method === 'POST' && $sessionId !== null
+                && OverlapCounter::carriesRequest((string) file_get_contents('php://input'))) {
+                $this->store()->overlapCounter()->enter($sessionId);
+            }
             match ($method) {
                 'POST' => $this->locked($sessionId, fn () => $this->post($sessionId)),
                 'GET' => $this->get($sessionId),

@@ -60,6 +60,15 @@ final class SessionStore
             . ' user TEXT PRIMARY KEY,'
             . ' payload TEXT NOT NULL)'
         );
+        // Requests of a session running at once, when counted (OverlapCounter).
+        $this->db->exec(
+            'CREATE TABLE IF NOT EXISTS mcp_overlap ('
+            . ' session TEXT PRIMARY KEY,'
+            . ' running INTEGER NOT NULL,'
+            . ' peak INTEGER NOT NULL,'
+            . ' overlaps INTEGER NOT NULL,'
+            . ' requests INTEGER NOT NULL)'
+        );
         // Per-session locks of the opt-in app-lock mode (SessionLock).
         $this->db->exec(
             'CREATE TABLE IF NOT EXISTS mcp_locks ('
@@ -73,6 +82,12 @@ final class SessionStore
     public function lock(string $sessionId, int $seconds): SessionLock
     {
         return SessionLock::forSession($this->db, $sessionId, $seconds);
+    }
+
+    /** The count of each session's requests running at once, in this store. */
+    public function overlapCounter(): OverlapCounter
+    {
+        return new OverlapCounter($this->db);
     }
 
     /**
