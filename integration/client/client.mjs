@@ -5,6 +5,7 @@
 //   node client.mjs flow     --url URL [--n 5] [--expect-get]
 //   node client.mjs pipeline --url URL [--n 200] [--concurrency 8] [--get open|skip]
 //   node client.mjs sessions --url URL [--n 500] [--concurrency 8] [--timeout 20000]
+//   node client.mjs inflight --url URL [--n 6] [--concurrency N] [--lanes 2] [--rounds 3] [--steps 2 --steps-max 6] [--events]
 //
 // Human-readable progress goes to stderr; the last line on stdout is one JSON
 // object with the results, for the Go tests to parse.
@@ -59,6 +60,23 @@
 //   from sending a round's calls to the last answer. The SDK's GET is
 //   answered 405 locally, so that it pins no PHP-FPM worker.
 //
+// inflight: `--n` (6) SDK sessions, `--concurrency` (all) at a time, each
+//   keeping `--lanes` (2) tools/call `slow_count` in flight, as an agent
+//   with parallel tool calls does: each lane sends its next call as soon as
+//   its last one ended, `--rounds` (3) calls a lane, then the session is
+//   deleted and the next one opens. Each call counts a random number of
+//   steps from `--steps` to `--steps-max` (2 to 6), MCP_PHP_PROGRESS_MS
+//   apart. Counts failed calls (an error, a wrong answer, or none within
+//   --timeout) by reason, each with when it began and ended, failed
+//   connects and HTTP errors by status; callMaxMs is the longest call.
+//   --events prints `opened K` on stdout once K sessions have connected and
+//   `ended K` once K calls have ended, so a test can inject a fault on
+//   those events with calls in flight, and reads stdin: `mark NAME`
+//   records the time under NAME (marks, in ms like the calls' times), and
+//   `stop` (or stdin closing) ends the run early: no session opens and no
+//   lane sends a call after it; the calls in flight end and the sessions
+//   are deleted.
+//
 // users: `--users` (2) users, each with `--clients` (4) SDK clients at once
 //   on Basic credentials of their own user, `--rounds` (1) times, as several
 //   AI clients of one person connect to one site: connect, then tools/list,
@@ -80,7 +98,7 @@ const MAX_SAMPLES = 20;
 
 function parseArgs(argv) {
   const [mode, ...rest] = argv;
-  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false, timeoutMs: REPLY_TIMEOUT_MS, calls: 3, rounds: 1, tool: 'echo', steps: 5, users: 2, clients: 4, passwords: 'shared', holdAt: [] };
+  const opts = { mode, url: '', n: undefined, concurrency: 8, get: 'open', expectGet: false, timeoutMs: REPLY_TIMEOUT_MS, calls: 3, rounds: 1, tool: 'echo', steps: 5, stepsMax: undefined, lanes: 2, events: false, users: 2, clients: 4, passwords: 'shared', holdAt: [] };
   for (let i = 0; i < rest.length; i++) {
     const arg = rest[i];
     const next = () => {
@@ -97,6 +115,9 @@ function parseArgs(argv) {
       case '--calls': opts.calls = Number.parseInt(next(), 10); break;
       case '--tool': opts.tool = next(); break;
       case '--steps': opts.steps = Number.parseInt(next(), 10); break;
+      case '--steps-max': opts.stepsMax = Number.parseInt(next(), 10); break;
+      case '--lanes': opts.lanes = Number.parseInt(next(), 10); break;
+      case '--events': opts.events = true; break;
       case '--rounds': opts.rounds = Number.parseInt(next(), 10); break;
       case '--users': opts.users = Number.parseInt(next(), 10); break;
       case '--clients': opts.clients = Number.parseInt(next(), 10); break;
@@ -105,10 +126,18 @@ function parseArgs(argv) {
       default: throw new Error(`unknown argument ${arg}`);
     }
   }
-  if (!['flow', 'pipeline', 'sessions', 'calls', 'users'].includes(mode)) throw new Error('mode must be flow, pipeline, sessions, calls or users');
+  if (!['flow', 'pipeline', 'sessions', 'calls', 'users', 'inflight'].includes(mode)) throw new Error('mode must be flow, pipeline, sessions, calls, users or inflight');
+  opts.stepsMax ??= mode === 'inflight' ? 6 : opts.steps;
+  if (mode === 'inflight') {
+    if (!rest.includes('--steps')) opts.steps = 2;
+    if (!rest.includes('--concurrency')) opts.concurrency = Infinity; // every session at once
+    if (!rest.includes('--rounds')) opts.rounds = 3;
+  }
+  if (!(opts.stepsMax >= opts.steps) || opts.stepsMax > 20) throw new Error('--steps-max must be from --steps to 20');
+  if (!(opts.lanes >= 1)) throw new Error('--lanes must be >= 1');
   if (!(opts.users >= 1) || !(opts.clients >= 1)) throw new Error('--users and --clients must be >= 1');
   if (opts.passwords !== 'shared' && opts.passwords !== 'distinct') throw new Error('--passwords must be shared or distinct');
-  if (!(opts.calls >= 1) || !(opts.rounds >= 1) || !(opts.steps >= 1)) throw new Error('--calls, --rounds and --steps must be >= 1');
+  if (!(opts.calls >= 1) || !(opts.rounds >= 1) || !(opts.steps >= 1) || opts.steps > 20) throw new Error('--calls and --rounds must be >= 1, --steps from 1 to 20');
   if (opts.tool !== 'echo' && opts.tool !== 'slow_count') throw new Error('--tool must be echo or slow_count');
   if (!(opts.timeoutMs >= 1)) throw new Error('--timeout must be >= 1 (ms)');
   if (!opts.url) throw new Error('--url is required');
@@ -674,6 +703,144 @@ async function calls(opts) {
   return run;
 }
 
+// The reason a call failed, without what differs between calls: the
+// front's or an instance's HTTP status, a timeout, or the error's text.
+function failureReason(err) {
+  const text = String(err?.message ?? err);
+  if (/timed out/i.test(text)) return 'timeout';
+  const status = /HTTP (\d{3})/.exec(text);
+  if (status) return `HTTP ${status[1]}`;
+  return text.replace(/\s+/g, ' ').slice(0, 80);
+}
+
+// inflightControl reads the test's lines on stdin (with --events): `mark
+// NAME` and `stop`. stopped() says whether the run was told to stop.
+function inflightControl(opts, marks) {
+  let stopped = false;
+  if (opts.events) {
+    const lines = readline.createInterface({ input: process.stdin });
+    lines.on('line', (line) => {
+      const [word, name] = line.trim().split(/\s+/, 2);
+      if (word === 'stop') {
+        stopped = true;
+        log('told to stop');
+      } else if (word === 'mark' && name) {
+        marks[name] = now();
+        log(`mark ${name}`);
+      }
+    });
+    lines.on('close', () => { stopped = true; });
+  }
+  return { stopped: () => stopped, close: () => process.stdin.destroy() };
+}
+
+// One session of the inflight mode: connect, then its lanes, then DELETE.
+async function inflightSession(opts, run, index, control, onEnded) {
+  const stats = { exchanges: [] };
+  const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
+    fetch: recordingFetch(stats, { skipGet: true }),
+    reconnectionOptions: noReconnect,
+  });
+  const client = new Client({ name: 'mcp-serializer-inflight', version: '1.0.0' });
+  client.onerror = () => {}; // failed calls are counted below
+  const requestOptions = { timeout: opts.timeoutMs };
+  try {
+    try {
+      await client.connect(transport, requestOptions);
+    } catch (err) {
+      run.failedConnects += 1;
+      if (run.samples.length < MAX_SAMPLES) run.samples.push(`#${index} connect: ${err?.message ?? err}`);
+      return;
+    }
+    run.opened += 1;
+    if (opts.events) process.stdout.write(`opened ${run.opened}\n`);
+    const lane = async (l) => {
+      for (let round = 0; round < opts.rounds && !control.stopped(); round++) {
+        const steps = opts.steps + Math.floor(Math.random() * (opts.stepsMax - opts.steps + 1));
+        const beganAt = now();
+        let failure;
+        try {
+          const result = await client.callTool({ name: 'slow_count', arguments: { n: steps } }, undefined, requestOptions);
+          const got = result.content?.[0]?.text;
+          if (got !== `counted to ${steps}`) failure = { reason: 'wrong answer', detail: `answered ${JSON.stringify(got)}` };
+        } catch (err) {
+          failure = { reason: failureReason(err), detail: String(err?.message ?? err) };
+        }
+        const endedAt = now();
+        run.callMs.push(endedAt - beganAt);
+        run.calls += 1;
+        if (failure) {
+          run.failedCalls += 1;
+          run.failures[failure.reason] = (run.failures[failure.reason] ?? 0) + 1;
+          run.failedCallTimes.push({ beganAt, endedAt, reason: failure.reason });
+          if (run.samples.length < MAX_SAMPLES) run.samples.push(`#${index} lane ${l} call ${round}: ${failure.detail.slice(0, 300)}`);
+        }
+        onEnded();
+      }
+    };
+    await Promise.all(Array.from({ length: opts.lanes }, (_, l) => lane(l)));
+    await transport.terminateSession().catch((err) => {
+      run.failedDeletes += 1;
+      if (run.samples.length < MAX_SAMPLES) run.samples.push(`#${index} delete: ${err?.message ?? err}`);
+    });
+  } finally {
+    await client.close().catch(() => {});
+    for (const e of stats.exchanges) {
+      if (e.idMismatch) run.idMismatches += 1;
+      if (typeof e.status === 'number' && (e.status < 200 || e.status > 299) && !e.local) {
+        run.httpErrors[e.status] = (run.httpErrors[e.status] ?? 0) + 1;
+      }
+    }
+  }
+}
+
+async function inflight(opts) {
+  const n = opts.n ?? 6;
+  const run = {
+    mode: 'inflight',
+    n,
+    concurrency: Math.min(opts.concurrency, n),
+    lanes: opts.lanes,
+    rounds: opts.rounds,
+    opened: 0,
+    calls: 0,
+    failedCalls: 0,
+    failures: {},
+    failedCallTimes: [],
+    failedConnects: 0,
+    failedDeletes: 0,
+    idMismatches: 0,
+    httpErrors: {},
+    marks: {},
+    samples: [],
+    callMs: [],
+  };
+  const control = inflightControl(opts, run.marks);
+  const onEnded = () => {
+    if (opts.events) process.stdout.write(`ended ${run.calls}\n`);
+    if (run.calls % 20 === 0) log(`${run.calls} calls ended, ${run.failedCalls} failed`);
+  };
+  let next = 0;
+  const started = performance.now();
+  const worker = async () => {
+    while (next < n && !control.stopped()) {
+      const index = next++;
+      await inflightSession(opts, run, index, control, onEnded);
+    }
+  };
+  await Promise.all(Array.from({ length: run.concurrency }, worker));
+  control.close();
+  run.elapsedMs = Math.round(performance.now() - started);
+  run.stopped = control.stopped() && next < n;
+  run.httpErrorCount = Object.values(run.httpErrors).reduce((a, b) => a + b, 0);
+  run.callP50Ms = percentile(run.callMs, 0.5);
+  run.callMaxMs = run.callMs.length ? Math.round(Math.max(...run.callMs)) : 0;
+  delete run.callMs;
+  log(`${run.opened} sessions, ${run.calls} calls: ${run.failedCalls} failed ${JSON.stringify(run.failures)}, failed connects ${run.failedConnects}, HTTP errors ${JSON.stringify(run.httpErrors)}, longest call ${run.callMaxMs} ms`);
+  run.ok = run.failedCalls === 0 && run.failedConnects === 0 && run.failedDeletes === 0 && run.idMismatches === 0;
+  return run;
+}
+
 // One client of a user: its session's steps, and whether the server lost it.
 async function userSession(opts, run, user, clientIndex) {
   const stats = { exchanges: [] };
@@ -742,7 +909,7 @@ async function users(opts) {
   return run;
 }
 
-const modes = { flow, pipeline, sessions, calls, users };
+const modes = { flow, pipeline, sessions, calls, users, inflight };
 
 async function main() {
   let opts;
