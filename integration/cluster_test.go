@@ -54,6 +54,12 @@ type clusterOptions struct {
 	// Front holds extra lines for a Caddy front's reverse_proxy block
 	// (health checks, lb_try_duration).
 	Front string
+	// CountOverlap has each PHP-FPM pool count every session's requests
+	// running at once in the shared store (overlapReport reads it).
+	CountOverlap bool
+	// GracePeriod is each instance's grace_period (default 2s): how long a
+	// stopping instance finishes its requests.
+	GracePeriod time.Duration
 }
 
 // clusterInitTimeout is the instances' init_timeout.
@@ -100,7 +106,7 @@ func startCluster(t *testing.T, opts clusterOptions) *cluster {
 	} else {
 		store := sharedPHPStore(t)
 		for i := 0; i < opts.Instances; i++ {
-			fpm := startPHPFPM(t, phpFPMOptions{Workers: opts.PHPWorkers, Store: store, ProgressMS: opts.ProgressMS})
+			fpm := startPHPFPM(t, phpFPMOptions{Workers: opts.PHPWorkers, Store: store, ProgressMS: opts.ProgressMS, CountOverlap: opts.CountOverlap})
 			c.fpms = append(c.fpms, fpm)
 			upstreams = append(upstreams, "\t"+strings.ReplaceAll(fpm.fastcgiDirectives(), "\n\t", "\n\t\t"))
 		}
@@ -129,6 +135,9 @@ func startCluster(t *testing.T, opts clusterOptions) *cluster {
 	handle {
 `+serializer+upstreams[i]+`	}
 `)
+		if opts.GracePeriod != 0 {
+			in.setGracePeriod(t, opts.GracePeriod)
+		}
 		in.start(t)
 		c.Instances = append(c.Instances, in)
 		dials = append(dials, "127.0.0.1:"+strconv.Itoa(in.Port))
@@ -178,6 +187,23 @@ func newCaddyInstance(t testing.TB, name, global, directives string) *caddyInsta
 	}
 	dumpOnFailure(t, name, in.conf, in.log)
 	return in
+}
+
+// setGracePeriod sets the instance's grace_period in its Caddyfile, for
+// its next start.
+func (in *caddyInstance) setGracePeriod(t testing.TB, d time.Duration) {
+	t.Helper()
+	conf, err := os.ReadFile(in.conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := regexp.MustCompile(`(?m)^\tgrace_period \S+$`)
+	if !line.Match(conf) {
+		t.Fatalf("%s: no grace_period line in its Caddyfile", in.Name)
+	}
+	if err := os.WriteFile(in.conf, line.ReplaceAll(conf, []byte("\tgrace_period "+d.String())), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // start runs `caddy run` on the instance's Caddyfile and waits until it

@@ -22,6 +22,9 @@ type phpFPMOptions struct {
 	ProgressMS int    // MCP_PHP_PROGRESS_MS, pause after each progress event (default 150)
 	GetSeconds int    // MCP_PHP_GET_SECONDS, lifetime of a GET stream (default 0: until the session or the client is gone)
 	AppLock    bool   // MCP_PHP_APP_LOCK, a per-session lock around each POST and DELETE (default off)
+	// CountOverlap is MCP_PHP_COUNT_OVERLAP: count each session's requests
+	// running at once in the store (read with overlapReport).
+	CountOverlap bool
 	// Store is an existing session store to share with other pools (one
 	// per Caddy instance, as app servers share a database); "" creates
 	// one for this pool.
@@ -132,12 +135,13 @@ env[MCP_PHP_WORK_MS] = %[6]s
 env[MCP_PHP_PROGRESS_MS] = %[7]d
 env[MCP_PHP_GET_SECONDS] = %[8]d
 env[MCP_PHP_APP_LOCK] = %[10]d
+env[MCP_PHP_COUNT_OVERLAP] = %[11]d
 php_admin_value[output_buffering] = 0
 php_admin_flag[log_errors] = on
 php_admin_flag[display_errors] = off
 php_admin_value[error_log] = %[9]s
 php_admin_value[max_execution_time] = 120
-`, dir, errorLog, f.Socket, opts.Workers, f.Store, opts.WorkMS, opts.ProgressMS, opts.GetSeconds, phpLog, boolInt(opts.AppLock))
+`, dir, errorLog, f.Socket, opts.Workers, f.Store, opts.WorkMS, opts.ProgressMS, opts.GetSeconds, phpLog, boolInt(opts.AppLock), boolInt(opts.CountOverlap))
 	if err := os.WriteFile(conf, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
