@@ -1,0 +1,401 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A session's calls at once, judged at the backend: behind a round-robin
+// front, sessions keep two tool calls of 1–3 s in flight (client.mjs
+// inflight) while an operator's fault hits the cluster, and the PHP-FPM
+// pools count in their shared store how many requests of each session ran
+// at once (MCP_PHP_COUNT_OVERLAP). Whatever the instances believed, a
+// session whose peak is 2 had two calls running at once.
+
+const (
+	// overlapSessions is how many sessions the fault runs keep open.
+	overlapSessions = 6
+	// overlapStep is MCP_PHP_PROGRESS_MS: a call of 2 to 6 steps lasts 1–3 s.
+	overlapStep = 500 * time.Millisecond
+	// overlapEvery is how many calls end between one step of a fault and
+	// the next: about two seconds of the run.
+	overlapEvery = 6
+	// overlapCallTimeout is how long the client waits for a call: a call
+	// may wait behind its session's other call and a fault.
+	overlapCallTimeout = 30 * time.Second
+	// overlapWait bounds each wait for calls to end.
+	overlapWait = 2 * time.Minute
+)
+
+// startOverlapCluster starts three instances with `state redis` on r
+// behind a round-robin Caddy front that leaves a stopped instance out,
+// their PHP-FPM pools counting each session's requests at once, and a
+// grace period long enough for a stopping instance to finish its calls.
+func startOverlapCluster(t *testing.T, r *redisServer) *cluster {
+	t.Helper()
+	return startOwnerCluster(t, clusterOptions{
+		State:        redisState(r),
+		Balancer:     caddyRoundRobin,
+		Front:        deadInstanceFront,
+		ProgressMS:   int(overlapStep / time.Millisecond),
+		PHPWorkers:   6,
+		CountOverlap: true,
+		GracePeriod:  30 * time.Second,
+	})
+}
+
+// inflightResult is the inflight mode's final line.
+type inflightResult struct {
+	OK              bool               `json:"ok"`
+	Error           string             `json:"error"`
+	N               int                `json:"n"`
+	Opened          int                `json:"opened"`
+	Calls           int                `json:"calls"`
+	FailedCalls     int                `json:"failedCalls"`
+	Failures        map[string]int     `json:"failures"`
+	FailedCallTimes []failedCall       `json:"failedCallTimes"`
+	FailedConnects  int                `json:"failedConnects"`
+	FailedDeletes   int                `json:"failedDeletes"`
+	IDMismatches    int                `json:"idMismatches"`
+	HTTPErrors      map[string]int     `json:"httpErrors"`
+	Marks           map[string]float64 `json:"marks"`
+	Samples         []string           `json:"samples"`
+	ElapsedMs       int                `json:"elapsedMs"`
+	CallP50Ms       float64            `json:"callP50Ms"`
+	CallMaxMs       int                `json:"callMaxMs"`
+	Stopped         bool               `json:"stopped"`
+}
+
+// failedCall is when a failed call began and ended, in ms since the client
+// started, as its marks are.
+type failedCall struct {
+	BeganAt float64 `json:"beganAt"`
+	EndedAt float64 `json:"endedAt"`
+	Reason  string  `json:"reason"`
+}
+
+// inflightRun is the client's inflight mode through the front, running in
+// the background and telling the test as each session opens and each call
+// ends.
+type inflightRun struct {
+	label    string
+	stdin    *os.File
+	finished chan struct{}
+	res      inflightResult
+
+	mu      sync.Mutex
+	ended   int
+	opened  int
+	changed chan struct{} // closed at each event, then replaced
+}
+
+// startInflightRun starts the inflight mode through c's front with args
+// (its --n, --concurrency, --rounds).
+func startInflightRun(t *testing.T, c *cluster, label string, args ...string) *inflightRun {
+	t.Helper()
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &inflightRun{label: label, stdin: stdinW, finished: make(chan struct{}), changed: make(chan struct{})}
+	// Cleanups run last first: closing stdin stops the client, which is
+	// then waited for, so that it ends with its test.
+	t.Cleanup(func() { <-r.finished })
+	t.Cleanup(func() { stdinW.Close(); stdinR.Close() })
+	all := append([]string{"inflight", "--url", c.Front + "/mcp", "--events",
+		"--steps", "2", "--steps-max", "6", "--timeout", strconv.Itoa(int(overlapCallTimeout / time.Millisecond))}, args...)
+	sio := scriptIO{stdin: stdinR, onLine: r.onLine}
+	go func() {
+		defer close(r.finished) // also when runClientWith fails the test
+		runClientWith(t, sio, 10*time.Minute, &r.res, all...)
+	}()
+	return r
+}
+
+func (r *inflightRun) onLine(line string) {
+	word, count, ok := strings.Cut(line, " ")
+	n, err := strconv.Atoi(count)
+	if !ok || err != nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch word {
+	case "ended":
+		r.ended = n
+	case "opened":
+		r.opened = n
+	default:
+		return
+	}
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// callsEnded is how many calls have ended so far.
+func (r *inflightRun) callsEnded() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ended
+}
+
+// sessionsOpened is how many sessions have connected so far.
+func (r *inflightRun) sessionsOpened() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.opened
+}
+
+// until waits until cond holds of the calls ended and sessions opened, and
+// reports whether it did within bound; it fails the test if the run ends
+// first.
+func (r *inflightRun) until(t *testing.T, what string, bound time.Duration, cond func(ended, opened int) bool) bool {
+	t.Helper()
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		ended, opened, changed := r.ended, r.opened, r.changed
+		r.mu.Unlock()
+		if cond(ended, opened) {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-r.finished:
+			t.Fatalf("%s: the run ended (%d calls ended, %d sessions opened) before %s", r.label, ended, opened, what)
+		case <-timer.C:
+			return false
+		}
+	}
+}
+
+// waitCalls waits until k calls have ended, failing the test after
+// overlapWait.
+func (r *inflightRun) waitCalls(t *testing.T, k int) {
+	t.Helper()
+	if !r.until(t, strconv.Itoa(k)+" calls ended", overlapWait, func(ended, _ int) bool { return ended >= k }) {
+		t.Fatalf("%s: %d calls ended after %v, want %d", r.label, r.callsEnded(), overlapWait, k)
+	}
+}
+
+// send writes a line to the client's stdin.
+func (r *inflightRun) send(t *testing.T, line string) {
+	t.Helper()
+	if _, err := r.stdin.WriteString(line + "\n"); err != nil {
+		t.Fatalf("%s: writing %q to the client: %v", r.label, line, err)
+	}
+}
+
+// mark has the client note the time under name, on its clock.
+func (r *inflightRun) mark(t *testing.T, name string) { r.send(t, "mark "+name) }
+
+// stop ends the run: no call or session begins after it.
+func (r *inflightRun) stop(t *testing.T) { r.send(t, "stop") }
+
+// wait returns the run's result once the client has ended.
+func (r *inflightRun) wait(t *testing.T) inflightResult {
+	t.Helper()
+	select {
+	case <-r.finished:
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("%s: the client did not finish within 5 minutes", r.label)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	if r.res.Error != "" {
+		t.Fatalf("%s: client error: %s", r.label, r.res.Error)
+	}
+	return r.res
+}
+
+// overlapReport is the PHP pools' count of each session's requests at once
+// (integration/php/bin/overlap-report.php).
+type overlapReport struct {
+	Sessions map[string]int `json:"sessions"` // the most at once, by a hash of the session id
+	Peak     int            `json:"peak"`     // the highest of them
+	Overlaps int            `json:"overlaps"` // pairs of one session's requests that ran at once
+	Requests int            `json:"requests"` // requests counted
+	Running  int            `json:"running"`  // requests running when read
+}
+
+// readOverlapReport reads store's counts once no request runs there any
+// more (a script its client left may still be running), waiting at most a
+// minute.
+func readOverlapReport(t *testing.T, store string) overlapReport {
+	t.Helper()
+	cli := phpCLIName(phpFPMBinary(t))
+	script := filepath.Join(repoRoot(t), "integration", "php", "bin", "overlap-report.php")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		out, err := exec.CommandContext(ctx, cli, script, store).Output()
+		cancel()
+		var rep overlapReport
+		if err != nil || json.Unmarshal(out, &rep) != nil {
+			t.Fatalf("%s %s: %v %s", cli, script, err, out)
+		}
+		if rep.Running == 0 {
+			return rep
+		}
+		if time.Now().After(deadline) {
+			t.Logf("%d requests still run at the backend a minute after the client ended", rep.Running)
+			return rep
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// freezeWindow is the span of a fault, by the client's marks: calls
+// running in it may fail.
+type freezeWindow struct{ from, to string }
+
+// wantNoCallsAtOnce logs what the run measured at the client and at the
+// backend, and fails the test unless every session's peak at the backend
+// is 1 and no call failed (outside window, when given) nor any session's
+// connect.
+func wantNoCallsAtOnce(t *testing.T, c *cluster, res inflightResult, began time.Time, window *freezeWindow) {
+	t.Helper()
+	rep := readOverlapReport(t, c.fpms[0].Store)
+	atOnce := 0
+	for _, peak := range rep.Sessions {
+		if peak > 1 {
+			atOnce++
+		}
+	}
+	failedIn := 0
+	if window != nil {
+		from, okFrom := res.Marks[window.from]
+		to, okTo := res.Marks[window.to]
+		if !okFrom || !okTo {
+			t.Fatalf("the client has no marks %q and %q: %v", window.from, window.to, res.Marks)
+		}
+		for _, f := range res.FailedCallTimes {
+			if f.BeganAt <= to && f.EndedAt >= from {
+				failedIn++
+			}
+		}
+	}
+	t.Logf("at the backend: peak %d, %d overlapping pairs, %d of %d sessions with calls at once, %d requests counted", rep.Peak, rep.Overlaps, atOnce, len(rep.Sessions), rep.Requests)
+	during := ""
+	if window != nil {
+		during = fmt.Sprintf(" (%d of them in flight during the fault)", failedIn)
+	}
+	t.Logf("at the client: %d sessions, %d calls, %d failed %v%s, failed connects %d, failed deletes %d, HTTP errors %v, id mismatches %d; a call's p50 %.0f ms, longest %d ms; the run took %.1f s, the test %.1f s",
+		res.Opened, res.Calls, res.FailedCalls, res.Failures, during, res.FailedConnects, res.FailedDeletes, res.HTTPErrors, res.IDMismatches,
+		res.CallP50Ms, res.CallMaxMs, float64(res.ElapsedMs)/1000, time.Since(began).Seconds())
+	logSamples(t, res.Samples)
+	forwardedBy(t, c)
+	if res.Calls == 0 || rep.Requests < res.Calls {
+		t.Errorf("%d calls made, %d requests counted at the backend: the counter missed calls", res.Calls, rep.Requests)
+	}
+	if res.FailedCalls-failedIn != 0 {
+		t.Errorf("%d calls failed %v, want none (but those in flight during a freeze)", res.FailedCalls-failedIn, res.Failures)
+	}
+	if res.FailedConnects != 0 {
+		t.Errorf("%d sessions failed to connect, want none", res.FailedConnects)
+	}
+	if rep.Peak > 1 {
+		t.Errorf("peak %d at the backend: %d sessions had calls running at once, %d pairs overlapped; want every session's peak 1", rep.Peak, atOnce, rep.Overlaps)
+	}
+}
+
+// stopGracefully stops the instance as a rolling deploy does (SIGTERM)
+// and waits until it has exited, failing the test after two minutes.
+func (in *caddyInstance) stopGracefully(t *testing.T) time.Duration {
+	t.Helper()
+	began := time.Now()
+	if err := syscall.Kill(-in.proc.cmd.Process.Pid, syscall.SIGTERM); err != nil {
+		t.Fatalf("%s: SIGTERM: %v", in.Name, err)
+	}
+	select {
+	case <-in.proc.exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("%s did not exit within 2 minutes of SIGTERM", in.Name)
+	}
+	return time.Since(began)
+}
+
+// restartGracefully stops the instance with SIGTERM, waits until it has
+// exited, and starts it again on the same ports, waiting until it answers.
+func (in *caddyInstance) restartGracefully(t *testing.T, run *inflightRun) {
+	t.Helper()
+	at := run.callsEnded()
+	stopped := time.Now()
+	exited := in.stopGracefully(t)
+	in.start(t)
+	t.Logf("%s: SIGTERM after %d calls ended; exited %v later, answering again %v after the SIGTERM",
+		in.Name, at, exited.Round(time.Millisecond), time.Since(stopped).Round(time.Millisecond))
+}
+
+// instanceMostMidCall is the running instance with the most sessions that
+// have an exchange upstream past their initialization, failing the test if
+// none has one.
+func (c *cluster) instanceMostMidCall(t *testing.T) *caddyInstance {
+	t.Helper()
+	var most *caddyInstance
+	counts := map[string]int{}
+	for _, in := range c.Instances {
+		if !in.proc.running() {
+			continue
+		}
+		status, _, body := adminCall(t, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(in.Admin)+"/mcp_serializer/sessions?state=in_flight&limit=1000")
+		var rep sessionsReport
+		if err := json.Unmarshal(body, &rep); status != http.StatusOK || err != nil || len(rep.Tables) != 1 {
+			t.Fatalf("GET /mcp_serializer/sessions on %s: %d %v %s", in.Name, status, err, body)
+		}
+		for _, s := range rep.Tables[0].Sessions {
+			if s.State == "open" {
+				counts[in.Name]++
+			}
+		}
+		if most == nil || counts[in.Name] > counts[most.Name] {
+			most = in
+		}
+	}
+	if most == nil || counts[most.Name] == 0 {
+		t.Fatalf("no instance has a session mid-call: %v", counts)
+	}
+	t.Logf("sessions mid-call by instance: %v", counts)
+	return most
+}
+
+// The counter itself: two calls of one session sent at once straight to
+// PHP-FPM, with nothing ordering them, run at once, and the backend counts
+// it.
+func TestOverlapCounterSeesASessionsCallsAtOnceWithoutTheModule(t *testing.T) {
+	prerequisites(t)
+	fpm := startPHPFPM(t, phpFPMOptions{Workers: 6, ProgressMS: int(overlapStep / time.Millisecond), CountOverlap: true})
+	direct := startCaddy(t, caddySite(fpm.fastcgiDirectives()))
+	var res inflightResult
+	runClient(t, 2*time.Minute, &res, "inflight", "--url", direct+"/mcp", "--n", "2", "--rounds", "2", "--steps", "2", "--steps-max", "4")
+	rep := readOverlapReport(t, fpm.Store)
+	t.Logf("straight to PHP-FPM: %d calls (%d failed %v); at the backend: peak %d, %d overlapping pairs, %d requests counted", res.Calls, res.FailedCalls, res.Failures, rep.Peak, rep.Overlaps, rep.Requests)
+	if rep.Peak != 2 || rep.Overlaps == 0 || len(rep.Sessions) != 2 {
+		t.Errorf("peak %d, %d overlapping pairs over %d sessions; want peak 2 and pairs counted over 2 sessions", rep.Peak, rep.Overlaps, len(rep.Sessions))
+	}
+}
+
+// Behind round robin with nothing failing, every session's calls run one
+// at a time at the backend: the rig's baseline.
+func TestClusterRoundRobinWithoutFaultsRunsNoSessionsCallsAtOnce(t *testing.T) {
+	prerequisites(t)
+	began := time.Now()
+	c := startOverlapCluster(t, startRedis(t))
+	run := startInflightRun(t, c, "no fault", "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
+	run.waitCalls(t, 4*overlapEvery)
+	run.stop(t)
+	wantNoCallsAtOnce(t, c, run.wait(t), began, nil)
+}
