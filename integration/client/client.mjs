@@ -708,6 +708,8 @@ async function calls(opts) {
 function failureReason(err) {
   const text = String(err?.message ?? err);
   if (/timed out/i.test(text)) return 'timeout';
+  // The SDK's StreamableHTTPError carries the HTTP status as its code.
+  if (Number.isInteger(err?.code) && err.code >= 100 && err.code < 600) return `HTTP ${err.code}`;
   const status = /HTTP (\d{3})/.exec(text);
   if (status) return `HTTP ${status[1]}`;
   return text.replace(/\s+/g, ' ').slice(0, 80);
