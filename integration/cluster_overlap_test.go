@@ -32,8 +32,10 @@ const (
 	// the next: about two seconds of the run.
 	overlapEvery = 6
 	// overlapCallTimeout is how long the client waits for a call: a call
-	// may wait behind its session's other call and a fault.
-	overlapCallTimeout = 30 * time.Second
+	// may wait behind its session's other call and a stopping instance.
+	// A call whose reply the backend lost (PHP's record race, when two
+	// calls of a session ran at once) fails only then.
+	overlapCallTimeout = 20 * time.Second
 	// overlapWait bounds each wait for calls to end.
 	overlapWait = 2 * time.Minute
 )
@@ -101,8 +103,8 @@ type inflightRun struct {
 }
 
 // startInflightRun starts the inflight mode through c's front with args
-// (its --n, --concurrency, --rounds).
-func startInflightRun(t *testing.T, c *cluster, label string, args ...string) *inflightRun {
+// (its --n, --concurrency, --rounds), each call given up after timeout.
+func startInflightRun(t *testing.T, c *cluster, label string, timeout time.Duration, args ...string) *inflightRun {
 	t.Helper()
 	stdinR, stdinW, err := os.Pipe()
 	if err != nil {
@@ -114,7 +116,7 @@ func startInflightRun(t *testing.T, c *cluster, label string, args ...string) *i
 	t.Cleanup(func() { <-r.finished })
 	t.Cleanup(func() { stdinW.Close(); stdinR.Close() })
 	all := append([]string{"inflight", "--url", c.Front + "/mcp", "--events",
-		"--steps", "2", "--steps-max", "6", "--timeout", strconv.Itoa(int(overlapCallTimeout / time.Millisecond))}, args...)
+		"--steps", "2", "--steps-max", "6", "--timeout", strconv.Itoa(int(timeout / time.Millisecond))}, args...)
 	sio := scriptIO{stdin: stdinR, onLine: r.onLine}
 	go func() {
 		defer close(r.finished) // also when runClientWith fails the test
@@ -298,8 +300,8 @@ func wantNoCallsAtOnce(t *testing.T, c *cluster, res inflightResult, began time.
 		res.CallP50Ms, res.CallMaxMs, float64(res.ElapsedMs)/1000, time.Since(began).Seconds())
 	logSamples(t, res.Samples)
 	forwardedBy(t, c)
-	if res.Calls == 0 || rep.Requests < res.Calls {
-		t.Errorf("%d calls made, %d requests counted at the backend: the counter missed calls", res.Calls, rep.Requests)
+	if res.Calls == 0 || rep.Requests < res.Calls-res.FailedCalls {
+		t.Errorf("%d calls answered, %d requests counted at the backend: the counter missed calls", res.Calls-res.FailedCalls, rep.Requests)
 	}
 	if res.FailedCalls-failedIn != 0 {
 		t.Errorf("%d calls failed %v, want none (but those in flight during a freeze)", res.FailedCalls-failedIn, res.Failures)
@@ -394,7 +396,7 @@ func TestClusterRoundRobinWithoutFaultsRunsNoSessionsCallsAtOnce(t *testing.T) {
 	prerequisites(t)
 	began := time.Now()
 	c := startOverlapCluster(t, startRedis(t))
-	run := startInflightRun(t, c, "no fault", "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
+	run := startInflightRun(t, c, "no fault", overlapCallTimeout, "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
 	run.waitCalls(t, 4*overlapEvery)
 	run.stop(t)
 	wantNoCallsAtOnce(t, c, run.wait(t), began, nil)
