@@ -401,3 +401,102 @@ func TestClusterRoundRobinWithoutFaultsRunsNoSessionsCallsAtOnce(t *testing.T) {
 	run.stop(t)
 	wantNoCallsAtOnce(t, c, run.wait(t), began, nil)
 }
+
+// A rolling deploy: each instance in turn is stopped with SIGTERM, waited
+// for until it exited, started again on its port and waited for until it
+// answers, and the next follows once overlapEvery more calls have ended.
+// A stopping owner finishes what it holds; no session's calls may run at
+// once meanwhile.
+func TestClusterRoundRobinRollingDeployRunsNoSessionsCallsAtOnce(t *testing.T) {
+	prerequisites(t)
+	began := time.Now()
+	c := startOverlapCluster(t, startRedis(t))
+	run := startInflightRun(t, c, "rolling deploy", overlapCallTimeout, "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
+	next := overlapEvery
+	for _, in := range c.Instances {
+		run.waitCalls(t, next)
+		in.restartGracefully(t, run)
+		next = run.callsEnded() + overlapEvery
+	}
+	run.waitCalls(t, next)
+	run.stop(t)
+	wantNoCallsAtOnce(t, c, run.wait(t), began, nil)
+}
+
+// Redis restarted empty (it keeps nothing on disk) mid-run, then, once
+// overlapEvery more calls have ended, the instance with the most sessions
+// mid-call restarted (SIGTERM, started again): no session's calls may run
+// at once.
+func TestClusterRoundRobinRedisRestartedEmptyRunsNoSessionsCallsAtOnce(t *testing.T) {
+	prerequisites(t)
+	began := time.Now()
+	redis := startRedis(t)
+	c := startOverlapCluster(t, redis)
+	run := startInflightRun(t, c, "redis restarted empty", overlapCallTimeout, "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
+	run.waitCalls(t, overlapEvery)
+	redis.kill(t)
+	redis.start(t)
+	t.Logf("redis restarted empty after %d calls ended", run.callsEnded())
+	run.waitCalls(t, run.callsEnded()+overlapEvery)
+	c.instanceMostMidCall(t).restartGracefully(t, run)
+	run.waitCalls(t, run.callsEnded()+2*overlapEvery)
+	run.stop(t)
+	wantNoCallsAtOnce(t, c, run.wait(t), began, nil)
+}
+
+// Redis unresponsive (SIGSTOP) while sessions are created: sessions end
+// and new ones open four at a time, Redis is paused once overlapEvery
+// calls have ended and resumed once four sessions have opened since, and
+// those sessions run their calls after it: none may run two at once.
+func TestClusterRoundRobinSessionsCreatedDuringARedisOutageRunNoCallsAtOnce(t *testing.T) {
+	prerequisites(t)
+	began := time.Now()
+	redis := startRedis(t)
+	c := startOverlapCluster(t, redis)
+	const atOnce, during = 4, 4
+	run := startInflightRun(t, c, "sessions created during a redis outage", overlapCallTimeout, "--n", strconv.Itoa(3*atOnce), "--concurrency", strconv.Itoa(atOnce), "--rounds", "2")
+	run.waitCalls(t, overlapEvery)
+	opened := run.sessionsOpened()
+	redis.signal(t, syscall.SIGSTOP)
+	t.Cleanup(func() { redis.signal(t, syscall.SIGCONT) }) // the cleanup's SIGTERM needs it running
+	paused := time.Now()
+	if !run.until(t, "sessions opened during the outage", overlapWait, func(_, o int) bool { return o >= opened+during }) {
+		t.Fatalf("%d sessions opened during the outage within %v, want %d", run.sessionsOpened()-opened, overlapWait, during)
+	}
+	redis.signal(t, syscall.SIGCONT)
+	t.Logf("redis paused after %d calls ended, resumed %v later once %d sessions had opened meanwhile", overlapEvery, time.Since(paused).Round(time.Millisecond), during)
+	wantNoCallsAtOnce(t, c, run.wait(t), began, nil)
+}
+
+// The instance with the most sessions mid-call frozen (SIGSTOP: its
+// connections accepted, nothing answered) until three times overlapEvery
+// calls have ended elsewhere or 20 s have passed, long enough for the
+// others to give up on it, then resumed (SIGCONT): calls in flight during
+// the freeze may fail, and none of a session's may run at once.
+func TestClusterRoundRobinOwnerFrozenRunsNoSessionsCallsAtOnce(t *testing.T) {
+	prerequisites(t)
+	began := time.Now()
+	c := startOverlapCluster(t, startRedis(t))
+	const freezeCalls, freezeBound = 3 * overlapEvery, 20 * time.Second
+	// A call may wait out the whole freeze before its own time.
+	run := startInflightRun(t, c, "owner frozen", freezeBound+overlapCallTimeout, "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
+	run.waitCalls(t, overlapEvery)
+	victim := c.instanceMostMidCall(t)
+	pid := victim.proc.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) // its cleanup's SIGINT needs it running
+	run.mark(t, "freeze")
+	frozen, at := time.Now(), run.callsEnded()
+	elsewhere := run.until(t, "calls ended during the freeze", freezeBound, func(ended, _ int) bool { return ended >= at+freezeCalls })
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	run.mark(t, "thaw")
+	t.Logf("%s frozen after %d calls ended, for %v, while %d calls ended elsewhere (reached %d: %v)",
+		victim.Name, at, time.Since(frozen).Round(time.Millisecond), run.callsEnded()-at, freezeCalls, elsewhere)
+	run.waitCalls(t, run.callsEnded()+2*overlapEvery)
+	run.stop(t)
+	wantNoCallsAtOnce(t, c, run.wait(t), began, &freezeWindow{from: "freeze", to: "thaw"})
+}
