@@ -186,3 +186,39 @@ func TestRedisRunningMarkOutlastsATakeOverAndIsClearedByItsMaker(t *testing.T) {
 		t.Fatalf("a mark on a missing record created it (exists %d, %v)", n, err)
 	}
 }
+
+// An instance's lease stands while it renews it, on Redis' clock, and is
+// listed with its address; it lapses unrenewed, and a dropped or lapsed
+// lease is reported as not standing at the next renewal.
+func TestRedisLeasesStandWhileRenewedAndLapseOtherwise(t *testing.T) {
+	addr := redistest.Start(t)
+	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
+	store := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
+	ctx := context.Background()
+	if stood, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || stood {
+		t.Fatalf("first Renew = %v, %v; want a new lease", stood, err)
+	}
+	if stood, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || !stood {
+		t.Fatalf("second Renew = %v, %v; want it standing", stood, err)
+	}
+	if _, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	members, err := store.Members(ctx)
+	if err != nil || members["aaaa"] != "10.0.0.1:8080" {
+		t.Fatalf("Members = %v, %v", members, err)
+	}
+	wait.Until(t, "the unrenewed lease lapsed", func() bool {
+		m, err := store.Members(ctx)
+		return err == nil && m["bbbb"] == "" && m["aaaa"] != ""
+	})
+	if stood, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", time.Hour); err != nil || stood {
+		t.Fatalf("Renew after the lapse = %v, %v; want it reported lapsed", stood, err)
+	}
+	if err := store.Drop(ctx, "aaaa"); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := store.Members(ctx); err != nil || len(m) != 1 || m["bbbb"] != "10.0.0.2:8080" {
+		t.Fatalf("Members after a drop = %v, %v", m, err)
+	}
+}

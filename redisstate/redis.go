@@ -291,7 +291,8 @@ func (r *Engine) Cleanup() error {
 // over and claimed.
 func (r *Engine) Abilities() stateengine.Abilities {
 	return stateengine.Abilities{Batch: r.Writes, TakeOver: r.TakeOver, ClaimOwner: r.ClaimOwner,
-		MarkRunning: r.MarkRunning, RunningFor: r.RunningFor}
+		MarkRunning: r.MarkRunning, RunningFor: r.RunningFor,
+		RenewLease: r.RenewLease, DropLease: r.DropLease, Members: r.Members}
 }
 
 // CallTimeout bounds each call.
@@ -392,6 +393,74 @@ func (r *Engine) MarkRunning(ctx context.Context, key, me string, life time.Dura
 func (r *Engine) RunningFor(ctx context.Context, key string) (time.Duration, error) {
 	ms, err := runningForScript.Run(ctx, r.client, []string{r.KeyPrefix + key}).Int64()
 	return time.Duration(ms) * time.Millisecond, err
+}
+
+// The instances' leases are one hash, membersKey: field the instance ID,
+// value "<expiry, unix ms on Redis' clock> <address>", so that listing
+// them is one call and no instance's clock matters.
+const membersKey = "members"
+
+// membersLife is how long the leases' hash outlives the last renewal.
+const membersLife = 24 * time.Hour
+
+// renewLeaseScript keeps the lease ARGV[1] (address ARGV[2]) for ARGV[3]
+// ms more, and answers 1 if it stood until now.
+var renewLeaseScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+local stood = 0
+if old then
+  local exp = tonumber(string.match(old, '^(%d+) '))
+  if exp and exp > now then stood = 1 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[3])) .. ' ' .. ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return stood
+`)
+
+// membersScript lists the leases that stand as ID, address pairs, and
+// removes those that lapsed.
+var membersScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local exp, addr = string.match(all[i + 1], '^(%d+) (.*)$')
+  if exp and tonumber(exp) > now then
+    out[#out + 1] = all[i]
+    out[#out + 1] = addr
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+return out
+`)
+
+// RenewLease keeps instance id's lease (stateengine.Abilities.RenewLease).
+func (r *Engine) RenewLease(ctx context.Context, id, addr string, life time.Duration) (bool, error) {
+	n, err := renewLeaseScript.Run(ctx, r.client, []string{r.KeyPrefix + membersKey}, id, addr,
+		life.Milliseconds(), membersLife.Milliseconds()).Int64()
+	return n == 1, err
+}
+
+// DropLease ends instance id's lease (stateengine.Abilities.DropLease).
+func (r *Engine) DropLease(ctx context.Context, id string) error {
+	return r.client.HDel(ctx, r.KeyPrefix+membersKey, id).Err()
+}
+
+// Members lists the leases that stand (stateengine.Abilities.Members).
+func (r *Engine) Members(ctx context.Context) (map[string]string, error) {
+	pairs, err := membersScript.Run(ctx, r.client, []string{r.KeyPrefix + membersKey}).StringSlice()
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]string, len(pairs)/2)
+	for i := 0; i+1 < len(pairs); i += 2 {
+		m[pairs[i]] = pairs[i+1]
+	}
+	return m, nil
 }
 
 // updateScript applies one update to an existing record, atomically, so

@@ -471,7 +471,7 @@ func TestRedisRefusesBadSettingsNamingThem(t *testing.T) {
 
 // leastPrivilegeACL is the rule docs/several-instances.md gives for the
 // module's Redis user with the default key_prefix.
-const leastPrivilegeACL = "resetkeys ~mcp_serializer:* resetchannels -@all +@connection +eval +evalsha +hmget +hget +hset +hdel +exists +pexpire +del +time"
+const leastPrivilegeACL = "resetkeys ~mcp_serializer:* resetchannels -@all +@connection +eval +evalsha +hmget +hget +hgetall +hset +hdel +exists +pexpire +del +time"
 
 // The whole engine runs as a user with leastPrivilegeACL: records, owners
 // and running marks, with no call refused and nothing logged.

@@ -48,6 +48,7 @@ type Adapter struct {
 	claimOwner  func(ctx context.Context, key, me string, ttl time.Duration) (string, error) // Abilities.ClaimOwner
 	markRunning func(ctx context.Context, key, me string, life time.Duration) error          // Abilities.MarkRunning
 	runningFor  func(ctx context.Context, key string) (time.Duration, error)                 // Abilities.RunningFor
+	abilities   Abilities
 
 	errors [NumOps]prometheus.Counter
 	warns  [NumOps]warnlimit.Limiter
@@ -70,6 +71,7 @@ func NewAdapter(engine Engine, ttl time.Duration, logger *zap.Logger, errors *pr
 		claimOwner:  engine.Abilities().ClaimOwner,
 		markRunning: engine.Abilities().MarkRunning,
 		runningFor:  engine.Abilities().RunningFor,
+		abilities:   engine.Abilities(),
 	}
 	for op := range NumOps {
 		s.errors[op] = errors.WithLabelValues(op.String())
@@ -209,6 +211,37 @@ func (s *Adapter) RunningFor(ctx context.Context, id string) (time.Duration, err
 	}
 	return bounded(s, ctx, OpRunningFor, id, serializer.StoreKey(id), func(ctx context.Context, key string) (time.Duration, error) {
 		return s.runningFor(ctx, key)
+	})
+}
+
+// Renew keeps instance id's lease (owner.Leases).
+func (s *Adapter) Renew(ctx context.Context, id, addr string, life time.Duration) (bool, error) {
+	if s.abilities.RenewLease == nil {
+		return false, errNoOwners
+	}
+	return bounded(s, ctx, OpRenewLease, "", "", func(ctx context.Context, _ string) (bool, error) {
+		return s.abilities.RenewLease(ctx, id, addr, life)
+	})
+}
+
+// Drop ends instance id's lease (owner.Leases).
+func (s *Adapter) Drop(ctx context.Context, id string) error {
+	if s.abilities.DropLease == nil {
+		return errNoOwners
+	}
+	_, err := bounded(s, ctx, OpDropLease, "", "", func(ctx context.Context, _ string) (struct{}, error) {
+		return struct{}{}, s.abilities.DropLease(ctx, id)
+	})
+	return err
+}
+
+// Members lists the instances whose leases stand (owner.Leases).
+func (s *Adapter) Members(ctx context.Context) (map[string]string, error) {
+	if s.abilities.Members == nil {
+		return nil, errNoOwners
+	}
+	return bounded(s, ctx, OpMembers, "", "", func(ctx context.Context, _ string) (map[string]string, error) {
+		return s.abilities.Members(ctx)
 	})
 }
 

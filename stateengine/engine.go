@@ -82,6 +82,14 @@ type Abilities struct {
 	// for none). An instance taking a session over waits for the mark.
 	MarkRunning func(ctx context.Context, key, me string, life time.Duration) error
 	RunningFor  func(ctx context.Context, key string) (time.Duration, error)
+	// RenewLease, DropLease and Members, when set, keep the instances'
+	// leases (package owner's Leases): RenewLease keeps instance id's
+	// lease, reached at addr, for life more on the engine's clock and
+	// reports whether it stood until now; Members lists the leases that
+	// stand, ID → address. Order owner needs them.
+	RenewLease func(ctx context.Context, id, addr string, life time.Duration) (stood bool, err error)
+	DropLease  func(ctx context.Context, id string) error
+	Members    func(ctx context.Context) (map[string]string, error)
 }
 
 // Op is one call to an engine, the value of the op label of
@@ -100,11 +108,15 @@ const (
 	OpClaimOwner
 	OpMarkRunning
 	OpRunningFor
+	OpRenewLease
+	OpDropLease
+	OpMembers
 	NumOps
 )
 
 var opNames = [NumOps]string{"created", "initialize_ended", "opened", "touch", "forget", "lookup",
-	"take_over", "claim_owner", "mark_running", "running_for"}
+	"take_over", "claim_owner", "mark_running", "running_for",
+	"renew_lease", "drop_lease", "members"}
 
 func (o Op) String() string { return opNames[o] }
 
