@@ -5,6 +5,7 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -202,7 +203,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// A new table starts with these settings: no running config uses it.
 		applied := &appliedSettings{}
 		applied.generation.Store(h.generation)
-		owners := owner.NewDirectory(owner.NewID(), cfg.MaxSessions, cfg.SessionTTL, ownerDownFor, nil)
+		members := owner.NewMembership(owner.NewID(), applied.leases, nil)
+		owners := owner.NewDirectory(members, cfg.MaxSessions, cfg.SessionTTL, nil)
 		tableCfg := cfg
 		tableCfg.Clock = newTableClock()
 		return pooledTable{serializer.NewTable(tableCfg), applied, owners, newProvenPasswords(cfg.MaxSessions)}, nil
@@ -212,12 +214,35 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	pooled := val.(pooledTable)
 	h.table, h.applied, h.proven = pooled.Table, pooled.applied, pooled.proven
+	h.applied.provisioned(h.generation, cfg)
 	if h.Order == orderOwner {
 		h.owners = pooled.owners
+		h.owners.Members().Start()
+		ctx.OnCancel(h.handOver)
 	}
-	h.applied.provisioned(h.generation, cfg)
 	return nil
 }
+
+// handOver runs when this handler's config stops, after Caddy's servers
+// have finished the requests they had: if no other config uses the session
+// table (Caddy stops, or a reload drops this handler), this instance hands
+// its sessions over and drops its lease, so that the next instance serves
+// them at once and nothing it ran overlaps. It runs before any module's
+// Cleanup, while the state engine is still open.
+func (h *Handler) handOver() {
+	if refs, _ := tables.References(h.poolKey); refs != 1 {
+		return // a newer config serves the sessions on
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
+	defer cancel()
+	h.owners.Members().Stop(ctx, h.ownerStore)
+	released := h.owners.Release(ctx, h.ownerStore)
+	h.logger.Info("order owner: handed this instance's sessions over", zap.Int("sessions", released))
+}
+
+// handOverTimeout bounds a stopping instance's handover; a session it
+// could not hand over is taken over once the instance's lease lapses.
+const handOverTimeout = 5 * time.Second
 
 // defaultOrder fills in order: owner where the state engine can record
 // owners (safe behind any front, and free behind one that keeps a session
@@ -246,7 +271,7 @@ func (h *Handler) engineRecordsOwners() bool {
 		return false
 	}
 	a := h.engine.Abilities()
-	return a.TakeOver != nil && a.ClaimOwner != nil
+	return a.TakeOver != nil && a.ClaimOwner != nil && a.RenewLease != nil && a.Members != nil
 }
 
 // provisions numbers handler provisions: a later config's settings
@@ -269,6 +294,19 @@ func (a *appliedSettings) provisioned(generation uint64, cfg serializer.Config) 
 		a.live = map[uint64]serializer.Config{}
 	}
 	a.live[generation] = cfg
+}
+
+// leases is the state engine of the newest config, for the instance's
+// lease: nil while none is live.
+func (a *appliedSettings) leases() owner.Leases {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	newest := uint64(0)
+	for g := range a.live {
+		newest = max(newest, g)
+	}
+	l, _ := a.live[newest].Store.(owner.Leases)
+	return l
 }
 
 // runningStore is the state engine of the config the table runs with now,
@@ -459,6 +497,7 @@ type pooledTable struct {
 }
 
 func (t pooledTable) Destruct() error {
+	t.owners.Members().Stop(context.Background(), nil)
 	t.Close()
 	return nil
 }

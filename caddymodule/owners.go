@@ -2,12 +2,15 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -32,19 +35,25 @@ const (
 	// again, whatever a client put there.
 	ownerHeader = "Mcp-Serializer-Owner"
 	// notOwnerHeader marks a 421 answer from an instance that is not the
-	// owner a request was sent to, so that the forwarding instance takes
-	// the session over rather than pass the answer on.
+	// owner a request was sent to, so that the forwarding instance reads
+	// the session's owner again rather than pass the answer on.
 	notOwnerHeader = "Mcp-Serializer-Not-Owner"
+	// servedByHeader stamps every answer to a forwarded request with the
+	// ID of the instance that served it: an answer without the ID the
+	// request was sent to came from something else at that address (an
+	// IP given to another program) and is never passed on.
+	servedByHeader = "Mcp-Serializer-Served-By"
 
 	placeholderOwner   = "http.mcp.owner"    // host:port a request was forwarded to
 	placeholderOwnerID = "http.mcp.owner_id" // that owner's instance ID
 )
 
-// forwardDialTimeout bounds the dial to an owner; an owner that does not
-// answer within it is taken over, and passed over for ownerDownFor.
+// forwardDialTimeout bounds the dial to an owner; forwardRetryEvery is
+// how often a request whose owner's lease stands but could not be reached
+// tries again, within queue_timeout.
 const (
 	forwardDialTimeout = 2 * time.Second
-	ownerDownFor       = time.Minute
+	forwardRetryEvery  = 250 * time.Millisecond
 )
 
 // newForwarder provisions the reverse proxy that takes requests to their
@@ -80,6 +89,10 @@ var ownerWarns warnlimit.Limiter
 // and reports whether it did (then the request is answered); false: it is
 // served here. raw is the POST body read, to send again if a forward did
 // not reach the owner; nil if there is none or it was too large to keep.
+// While the owner's lease stands but it cannot be reached (it is
+// stopping and handing over, or a network blip), the request waits and
+// tries again within queue_timeout, then is answered 503: it is never
+// served beside a live owner.
 func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *requestInfo, raw []byte, reqID []byte) (bool, error) {
 	if h.owners == nil {
 		return false, nil
@@ -87,51 +100,65 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 	id, keyed := info.owned()
 	if sentTo := r.Header.Get(ownerHeader); sentTo != "" {
 		r.Header.Del(ownerHeader)
+		w.Header().Set(servedByHeader, h.owners.Self())
 		if h.owners.Serves(id, sentTo) {
 			return false, nil
 		}
 		w.Header().Set(notOwnerHeader, "1")
 		return true, h.reject(w, r, "not_owner", http.StatusMisdirectedRequest, codeServerError,
-			"this instance does not serve this MCP session: the instance that forwarded the request takes it over", reqID)
+			"this instance does not serve this MCP session: the instance that forwarded the request reads its owner again", reqID)
 	}
 	here := h.hereAddr(r)
-	var o owner.Owner
-	var forward bool
-	if keyed {
-		o, forward = h.owners.RouteKey(r.Context(), h.ownerStore, id, here)
-	} else {
-		o, forward = h.owners.Route(r.Context(), h.ownerStore, id, here)
-	}
+	deadline := time.Now().Add(h.settings.QueueTimeout)
 	unread := raw == nil && r.Body != nil && r.Body != http.NoBody
-	for tries := 0; forward && tries < 2; tries++ {
+	sent := false // an unread body went out and is gone
+	for {
+		var o owner.Owner
+		var forward, wait bool
+		if keyed {
+			o, forward, wait = h.owners.RouteKey(r.Context(), h.ownerStore, id, here)
+		} else {
+			o, forward, wait = h.owners.Route(r.Context(), h.ownerStore, id, "", here)
+		}
 		if raw != nil {
 			r.Body = io.NopCloser(bytes.NewReader(raw))
 		}
-		res, err := h.forward(w, r, o)
-		switch res {
-		case forwardAnswered:
-			if r.Method == http.MethodDelete && !keyed {
-				h.owners.Forget(id)
-			}
-			return true, err
-		case forwardFailed:
-			return true, h.reject(w, r, "owner_failed", http.StatusBadGateway, codeServerError,
-				"the instance serving this MCP session failed before it answered; the request may have reached the MCP server", reqID)
-		case forwardNotOwner:
-			if unread {
-				// Its body went to the instance that refused it.
+		if !forward && !wait {
+			return false, nil
+		}
+		if forward {
+			if sent {
 				w.Header().Set("Retry-After", "1")
-				h.owners.Unreachable(r.Context(), h.ownerStore, id, o, here, false)
 				return true, h.reject(w, r, "owner_moved", http.StatusServiceUnavailable, codeServerError,
 					"this MCP session moved to another instance while its large request was on its way; retry", reqID)
 			}
+			res, err := h.forward(w, r, o)
+			switch res {
+			case forwardAnswered:
+				if r.Method == http.MethodDelete && !keyed {
+					h.owners.Forget(id)
+				}
+				return true, err
+			case forwardFailed:
+				return true, h.reject(w, r, "owner_failed", http.StatusBadGateway, codeServerError,
+					"the instance serving this MCP session failed before it answered; the request may have reached the MCP server", reqID)
+			case forwardNotOwner:
+				sent = unread
+			}
+			h.owners.Unreachable(id, o)
 		}
-		o, forward = h.owners.Unreachable(r.Context(), h.ownerStore, id, o, here, res == forwardUnreachable)
+		left := time.Until(deadline)
+		if left <= 0 {
+			w.Header().Set("Retry-After", "1")
+			return true, h.reject(w, r, "owner_unreachable", http.StatusServiceUnavailable, codeServerError,
+				"the instance serving this MCP session could not be reached within queue_timeout, and it still holds its lease; retry", reqID)
+		}
+		select {
+		case <-time.After(min(left, forwardRetryEvery)):
+		case <-r.Context().Done():
+			return true, nil // the client left: nothing to answer
+		}
 	}
-	if raw != nil {
-		r.Body = io.NopCloser(bytes.NewReader(raw))
-	}
-	return false, nil
 }
 
 // hereAddr is where a request reached this instance: the address
@@ -143,7 +170,7 @@ func (h *Handler) hereAddr(r *http.Request) string {
 	if h.advertise != "" {
 		return h.advertise
 	}
-	if r.TLS != nil {
+	if r.TLS != nil || wrappedListener(r) {
 		return ""
 	}
 	// A unix socket has no address another instance could dial.
@@ -151,6 +178,32 @@ func (h *Handler) hereAddr(r *http.Request) string {
 		return a.String()
 	}
 	return ""
+}
+
+// wrappedListeners remembers, by server, whether a listener wrapper other
+// than tls (proxy_protocol) sits under it: its connections' local address
+// may come from a PROXY header, which a client can write.
+var wrappedListeners sync.Map // *caddyhttp.Server → bool
+
+func wrappedListener(r *http.Request) bool {
+	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if srv == nil {
+		return false
+	}
+	if v, ok := wrappedListeners.Load(srv); ok {
+		return v.(bool)
+	}
+	wrapped := false
+	for _, raw := range srv.ListenerWrappersRaw {
+		var w struct {
+			Wrapper string `json:"wrapper"`
+		}
+		if json.Unmarshal(raw, &w) != nil || w.Wrapper != "tls" {
+			wrapped = true
+		}
+	}
+	wrappedListeners.Store(srv, wrapped)
+	return wrapped
 }
 
 // noOwnerWarns spaces the WARN lines about sessions created without an
@@ -163,9 +216,9 @@ var noOwnerWarns warnlimit.Limiter
 func (h *Handler) warnNoOwner(r *http.Request) {
 	if ok, suppressed := noOwnerWarns.Allow(time.Now()); ok {
 		h.logger.Warn("order owner: this session records no owner, so its requests reaching other instances are not ordered with it: "+
-			"it came over TLS or a unix socket, and the hop to an owner is plain HTTP; "+
+			"it came over TLS, a unix socket or a listener wrapper such as proxy_protocol (whose address a client may write), and the hop to an owner is plain HTTP; "+
 			"set advertise to a plain-HTTP host:port of this instance, or use a front that hashes Mcp-Session-Id",
-			zap.Bool("tls", r.TLS != nil), zap.Int("suppressed", suppressed))
+			zap.Bool("tls", r.TLS != nil), zap.Bool("listener_wrapper", wrappedListener(r)), zap.Int("suppressed", suppressed))
 	}
 }
 
@@ -187,7 +240,15 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner)
 	}
 	repl.Set(placeholderOwner, o.Addr)
 	repl.Set(placeholderOwnerID, o.ID)
-	ow := &ownerReplyWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, header: http.Header{}, sent: time.Now()}
+	ow := &ownerReplyWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, header: http.Header{}, sent: time.Now(),
+		ownerID: o.ID, stamped: h.owners.Members().WasListed(o.ID)}
+	// A forward ends when the owner's lease lapses: a frozen owner, or a
+	// host gone silent under a pooled connection, never answers.
+	parent := r.Context()
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	go h.cancelOnLapse(ctx, cancel, o.ID)
+	r = r.WithContext(ctx)
 	defer func() {
 		// The proxy panics with http.ErrAbortHandler when the answer breaks
 		// off after its status went out (the client left mid-stream, as
@@ -204,19 +265,26 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner)
 	err := h.forwarder.ServeHTTP(ow, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
 	var dial reverseproxy.DialError
 	switch {
+	case ow.foreign:
+		metrics.forwards.WithLabelValues("foreign").Inc()
+		if ok, suppressed := ownerWarns.Allow(time.Now()); ok {
+			h.logger.Warn("something other than the instance owning a session answered at its address; its answer was not passed on",
+				zap.String("owner", o.Addr), zap.Int("suppressed", suppressed))
+		}
+		return forwardFailed, nil
 	case ow.notOwner:
 		metrics.forwards.WithLabelValues("not_owner").Inc()
 		return forwardNotOwner, nil
 	case !ow.wrote && errors.As(err, &dial):
 		metrics.forwards.WithLabelValues("unreachable").Inc()
 		if ok, suppressed := ownerWarns.Allow(time.Now()); ok {
-			h.logger.Warn("the instance owning a session did not answer; taking its sessions over",
+			h.logger.Warn("the instance owning a session did not answer; its requests wait until it does, hands its sessions over, or its lease lapses",
 				zap.String("owner", o.Addr), zap.Error(err), zap.Int("suppressed", suppressed))
 		}
 		return forwardUnreachable, nil
 	case !ow.wrote && err != nil:
 		metrics.forwards.WithLabelValues("failed").Inc()
-		if r.Context().Err() != nil {
+		if parent.Err() != nil {
 			return forwardAnswered, nil // the client left: nothing to answer
 		}
 		return forwardFailed, nil
@@ -234,6 +302,10 @@ type ownerReplyWriter struct {
 	wrote    bool // the status went to the client
 	notOwner bool
 	sent     time.Time // when the request went to the owner
+	ownerID  string    // the owner it went to
+	// stamped: the owner keeps a lease, so its answers carry its ID;
+	// foreign: this one did not, and is held back.
+	stamped, foreign bool
 }
 
 func (w *ownerReplyWriter) Header() http.Header {
@@ -248,12 +320,16 @@ func (w *ownerReplyWriter) WriteHeader(status int) {
 	case w.wrote:
 		w.ResponseWriter.WriteHeader(status)
 		return
-	case w.notOwner:
+	case w.notOwner || w.foreign:
+		return
+	case w.stamped && w.header.Get(servedByHeader) != w.ownerID:
+		w.foreign = true
 		return
 	case status == http.StatusMisdirectedRequest && w.header.Get(notOwnerHeader) != "":
 		w.notOwner = true
 		return
 	}
+	w.header.Del(servedByHeader)
 	maps.Copy(w.ResponseWriter.Header(), w.header)
 	if status >= 200 {
 		w.wrote = true
@@ -265,7 +341,7 @@ func (w *ownerReplyWriter) WriteHeader(status int) {
 }
 
 func (w *ownerReplyWriter) Write(b []byte) (int, error) {
-	if w.notOwner {
+	if w.notOwner || w.foreign {
 		return len(b), nil
 	}
 	if !w.wrote {
@@ -290,8 +366,27 @@ func (w *ownerReplyWriter) Flush() {
 	}
 }
 
+// cancelOnLapse cancels a forward to owner id once its lease is seen
+// lapsed, until ctx ends.
+func (h *Handler) cancelOnLapse(ctx context.Context, cancel context.CancelFunc, id string) {
+	t := time.NewTicker(forwardRetryEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if live, _ := h.owners.Members().Status(id); live == owner.Lapsed {
+				cancel()
+				return
+			}
+		}
+	}
+}
+
 // ownerStore is what order owner asks of the state engine.
 type ownerStore interface {
 	owner.Claimer
+	owner.Leases
 	serializer.OwnerStore
 }

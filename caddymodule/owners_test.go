@@ -141,9 +141,11 @@ func TestRoundRobinConnectsNeverFailWithOrderOwner(t *testing.T) {
 	})
 }
 
-// An owner that does not answer is dialed once: the instance that
-// noticed takes the session over in Redis and serves it from then on.
-func TestASessionWhoseOwnerDoesNotAnswerIsTakenOverAndServedHere(t *testing.T) {
+// A session whose owner holds no lease and does not answer (it ran a
+// release without leases, or died before this instance started) waits
+// until that owner has been seen absent for the lock delay; then this
+// instance takes it over in Redis and serves it from then on.
+func TestASessionWhoseOwnerHoldsNoLeaseAndDoesNotAnswerIsTakenOverAndServedHere(t *testing.T) {
 	up, addr := newUpstream(t, nil)
 	in := startOwnerInstances(t, addr)
 	ctx := context.Background()
@@ -167,8 +169,8 @@ func TestASessionWhoseOwnerDoesNotAnswerIsTakenOverAndServedHere(t *testing.T) {
 	if n := len(up.requests()); n != 3 {
 		t.Fatalf("upstream saw %d requests, want 3", n)
 	}
-	if n := scrapeMetric(t, in.b, unreachable) - before; n != 1 {
-		t.Fatalf("the dead owner was dialed %v times, want once", n)
+	if n := scrapeMetric(t, in.b, unreachable) - before; n < 1 {
+		t.Fatalf("the dead owner was dialed %v times, want it tried before the takeover", n)
 	}
 	recorded, _ := in.redis.HGet(ctx, key, "owner").Result()
 	if o, ok := owner.Parse(recorded); !ok || o.ID == dead.ID || o.Addr != strings.TrimPrefix(in.b, "http://") {

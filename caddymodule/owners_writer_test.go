@@ -62,7 +62,7 @@ func TestASessionCreatedOverTLSWithoutAdvertiseWarnsThatItHasNoOwner(t *testing.
 	h := newBareHandler(t, defaultMaxBody)
 	core, logs := observer.New(zap.WarnLevel)
 	h.logger = zap.New(core)
-	h.owners = owner.NewDirectory(owner.NewID(), 100, time.Hour, time.Minute, nil)
+	h.owners = owner.NewDirectory(owner.NewMembership(owner.NewID(), func() owner.Leases { return nil }, nil), 100, time.Hour, nil)
 	create := func(id string, tlsState *tls.ConnectionState) {
 		t.Helper()
 		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)

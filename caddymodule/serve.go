@@ -252,6 +252,11 @@ func (h *Handler) previousOwnerDone(w http.ResponseWriter, r *http.Request, info
 		return func() {}, nil
 	}
 	owned, _ := info.owned()
+	if !h.owners.Confirm(r.Context(), h.ownerStore, owned) {
+		w.Header().Set("Retry-After", "1")
+		return nil, h.reject(w, r, "owner_moved", http.StatusServiceUnavailable, codeServerError,
+			"this instance's lease lapsed (it was paused or cut off) and "+info.waitsIn()+" may have moved to another instance; retry", reqID)
+	}
 	if !h.owners.AwaitPrevious(r.Context(), h.applied.runningStore, owned, time.Now().Add(h.settings.QueueTimeout-waited)) {
 		w.Header().Set("Retry-After", "1")
 		return nil, h.reject(w, r, "previous_owner", http.StatusServiceUnavailable, codeServerError,

@@ -90,12 +90,15 @@ const (
 
 // Directory is one instance's view of who owns which session: asked of
 // the Store the first time the instance meets a session, then kept, so
-// a front that keeps a session on one instance costs no engine call.
+// a front that keeps a session on one instance costs no engine call. An
+// owner is alive while its lease stands (Membership): a session is taken
+// over only from an owner whose lease lapsed, never because one dial
+// failed.
 type Directory struct {
 	self     string // this instance's ID
+	members  *Membership
 	maxKnown int
 	ttl      time.Duration
-	downFor  time.Duration
 	now      func() time.Time
 
 	takeovers atomic.Int64
@@ -104,7 +107,6 @@ type Directory struct {
 
 	mu       sync.Mutex
 	known    map[string]known       // by session id
-	down     map[string]time.Time   // owners that did not answer, until when
 	learning map[string]*lookupCall // lookups in flight, by session id
 }
 
@@ -124,46 +126,65 @@ type known struct {
 	// tookOver: this instance took the session over and has not yet seen
 	// the previous owner's running mark gone (AwaitPrevious).
 	tookOver bool
+	// epoch: the lease epoch (Membership.Current) in which this instance
+	// last knew the session its own.
+	epoch uint64
 }
 
-// maxDown bounds the owners remembered as unreachable.
-const maxDown = 1024
-
-// NewDirectory returns the directory of the instance named self. It
+// NewDirectory returns the directory of the instance members names. It
 // remembers up to maxKnown sessions' owners, each for ttl after it learned
-// it (the session's life), and an owner that did not answer for downFor:
-// meanwhile the sessions it owns are taken over without trying it again.
-func NewDirectory(self string, maxKnown int, ttl, downFor time.Duration, now func() time.Time) *Directory {
+// it (the session's life).
+func NewDirectory(members *Membership, maxKnown int, ttl time.Duration, now func() time.Time) *Directory {
 	if now == nil {
 		now = time.Now
 	}
 	return &Directory{
-		self: self, maxKnown: max(maxKnown, 1), ttl: ttl, downFor: downFor, now: now,
+		self: members.Self(), members: members, maxKnown: max(maxKnown, 1), ttl: ttl, now: now,
 		markAfter: markAfter, markLife: markLife,
-		known: map[string]known{}, down: map[string]time.Time{}, learning: map[string]*lookupCall{},
+		known: map[string]known{}, learning: map[string]*lookupCall{},
 	}
 }
 
 // Self is this instance's ID.
 func (d *Directory) Self() string { return d.self }
 
+// Members is this instance's membership.
+func (d *Directory) Members() *Membership { return d.members }
+
 // Created records that this instance, reached at addr, owns a session it
 // has just created. The Store learns it with the session's record.
 func (d *Directory) Created(id, addr string) {
+	d.members.SetAddr(addr)
 	d.remember(id, Owner{ID: d.self, Addr: addr})
 }
 
 // Route says where a request of session id goes: forward true, to the
-// owner returned; false, served here (this instance owns the session, or
-// no owner can be learned: the Store does not know the session or does
-// not answer). here is the address at which this request reached this
-// instance, recorded if it takes the session over ("" for none: it then
-// serves the request without taking the session over).
-func (d *Directory) Route(ctx context.Context, s Store, id, here string) (Owner, bool) {
+// owner returned; false, served here (this instance owns the session or
+// has just taken it over, or the Store does not know the session). wait
+// true: neither can be decided now (the owner's lease stands but a
+// takeover or lookup got no answer); the caller tries again shortly.
+// named is the instance the client's session id names (SplitOwner), ""
+// for none: a live instance named there is the owner, with no lookup, so
+// routing holds while the Store has lost or never had the record. here is
+// the address at which this request reached this instance, recorded if it
+// takes the session over ("" for none: it then serves the request without
+// taking the session over).
+func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) (o Owner, forward, wait bool) {
 	o, ok := d.lookup(id)
+	if named != "" && (!ok || o.ID == named) {
+		if named == d.self {
+			return Owner{ID: d.self, Addr: here}, false, false
+		}
+		// Only an instance whose lease is listed: an id naming one the
+		// cluster never knew is routed by its record, never by the id.
+		if live, addr := d.members.Status(named); live == Alive && addr != "" {
+			return Owner{ID: named, Addr: addr}, true, false
+		}
+	}
 	if !ok {
-		if o, ok = d.learn(ctx, id, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) }); !ok {
-			return Owner{}, false
+		var found bool
+		if o, found = d.learn(ctx, id, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) }); !found {
+			return Owner{}, false, false
 		}
 	}
 	return d.routeTo(ctx, s, id, o, here)
@@ -174,39 +195,70 @@ func (d *Directory) Route(ctx context.Context, s Store, id, here string) (Owner,
 // owner claims it again, which keeps its record alive, once half a
 // session's life has passed since it last did, and never serves it on
 // older knowledge than that.
-func (d *Directory) RouteKey(ctx context.Context, s Claimer, id, here string) (Owner, bool) {
+func (d *Directory) RouteKey(ctx context.Context, s Claimer, id, here string) (o Owner, forward, wait bool) {
 	if here == "" {
-		return Owner{}, false
+		return Owner{}, false, false
 	}
+	d.members.SetAddr(here)
 	k, ok := d.entry(id)
 	if ok && (k.owner.ID != d.self || d.now().Sub(k.learned) < d.ttl/2) {
 		return d.routeTo(ctx, s, id, k.owner, here)
 	}
 	me := Owner{ID: d.self, Addr: here}.String()
-	o, ok := d.learn(ctx, id, func(ctx context.Context) (string, bool, error) {
+	o, ok = d.learn(ctx, id, func(ctx context.Context) (string, bool, error) {
 		rec, err := s.Claim(ctx, id, me)
 		return rec, err == nil, err
 	})
 	if !ok {
-		return Owner{}, false
+		return Owner{}, false, false
 	}
 	return d.routeTo(ctx, s, id, o, here)
 }
 
-// routeTo says where a request goes whose session (or key) o owns.
-func (d *Directory) routeTo(ctx context.Context, s Store, id string, o Owner, here string) (Owner, bool) {
+// routeTo says where a request goes whose session (or key) o owns: the
+// zero Owner for a record that names none (its owner handed it over).
+func (d *Directory) routeTo(ctx context.Context, s Store, id string, o Owner, here string) (Owner, bool, bool) {
 	if o.ID == d.self {
-		return o, false
+		return o, false, false
 	}
-	if d.isDown(o) {
+	if o.ID == "" {
 		return d.takeOver(ctx, s, id, o, here)
 	}
-	return o, true
+	switch live, addr := d.liveness(ctx, o.ID); live {
+	case Lapsed:
+		// Seen lapsed on a listing made now, not one from before its
+		// owner could renew.
+		d.members.Refresh(ctx)
+		if live, _ := d.members.Status(o.ID); live == Lapsed {
+			return d.takeOver(ctx, s, id, o, here)
+		}
+		return o, true, false
+	case Alive:
+		if addr != "" {
+			o.Addr = addr // where its lease says, not where it once was
+		}
+	}
+	return o, true, false
+}
+
+// liveness is what this instance knows of owner id's lease, listing the
+// members once more if it never saw id: a session created elsewhere a
+// moment ago names an instance that started since the last listing.
+func (d *Directory) liveness(ctx context.Context, id string) (Liveness, string) {
+	live, addr := d.members.Status(id)
+	if live == Unknown {
+		d.members.Refresh(ctx)
+		if live, addr = d.members.Status(id); live == Unknown {
+			return d.members.Noticed(id), ""
+		}
+	}
+	return live, addr
 }
 
 // learn asks for session id's owner with ask, once for all the session's
-// requests that arrive while it asks.
-func (d *Directory) learn(ctx context.Context, id string, ask func(context.Context) (owner string, found bool, err error)) (Owner, bool) {
+// requests that arrive while it asks. found: the record exists (o is the
+// zero Owner if it names none).
+func (d *Directory) learn(ctx context.Context, id string, ask func(context.Context) (owner string, found bool, err error)) (o Owner, found bool) {
 	d.mu.Lock()
 	if c := d.learning[id]; c != nil {
 		c.waiters++
@@ -224,10 +276,11 @@ func (d *Directory) learn(ctx context.Context, id string, ask func(context.Conte
 
 	rec, found, err := ask(ctx)
 	if err == nil && found {
-		c.owner, c.ok = Parse(rec)
-	}
-	if c.ok {
-		d.remember(id, c.owner)
+		c.ok = true
+		if o, ok := Parse(rec); ok {
+			c.owner = o
+			d.remember(id, o)
+		}
 	}
 	d.mu.Lock()
 	delete(d.learning, id)
@@ -237,40 +290,131 @@ func (d *Directory) learn(ctx context.Context, id string, ask func(context.Conte
 }
 
 // Unreachable is told that a request forwarded to o did not reach it as
-// owner: refused or timed out before it was sent (dialFailed), or o
-// answered that it does not serve session id. It takes the session over,
-// unless another instance did first, and says where the request goes now,
-// as Route does. An owner whose dial failed is not tried again for
-// downFor, for any session.
-func (d *Directory) Unreachable(ctx context.Context, s Store, id string, o Owner, here string, dialFailed bool) (Owner, bool) {
-	if dialFailed {
-		d.markDown(o)
+// owner: refused or timed out before it was sent, or o answered that it
+// does not serve session id. What is known of the session is dropped, so
+// that the next Route reads its record again: o may have handed it over
+// or been taken over; while o's lease stands, the request waits.
+func (d *Directory) Unreachable(id string, o Owner) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if k, ok := d.known[id]; ok && k.owner == o {
+		delete(d.known, id)
 	}
-	return d.takeOver(ctx, s, id, o, here)
 }
 
-func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner, here string) (Owner, bool) {
+func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner, here string) (Owner, bool, bool) {
 	if here == "" {
-		return Owner{}, false // no address to be reached at: served here, not recorded
+		return Owner{}, false, false // no address to be reached at: served here, not recorded
 	}
+	d.members.SetAddr(here)
 	me := Owner{ID: d.self, Addr: here}
-	rec, found, err := s.TakeOver(ctx, id, from.String(), me.String())
-	o, ok := Parse(rec)
-	if err != nil || !found || !ok {
-		// Unknown: served here, and asked again next time.
+	fromRec := ""
+	if from.ID != "" {
+		fromRec = from.String()
+	}
+	rec, found, err := s.TakeOver(ctx, id, fromRec, me.String())
+	if err != nil {
+		// The takeover may or may not have been applied: ask again.
 		d.Forget(id)
-		return Owner{}, false
+		return Owner{}, false, true
+	}
+	o, ok := Parse(rec)
+	if !found || !ok {
+		// No record (it expired, or the engine restarted empty): served
+		// here, and asked again next time.
+		d.Forget(id)
+		return Owner{}, false, false
 	}
 	// Known as taken over from the same moment as known, so that no
 	// request of the session can skip AwaitPrevious.
 	d.rememberTakenOver(id, o, o == me)
 	if o == me {
 		d.takeovers.Add(1)
+		return o, false, false
 	}
-	if o.ID == d.self || d.isDown(o) {
-		return o, false
+	return d.routeTo(ctx, s, id, o, here)
+}
+
+// Release hands every session this instance owns over: each record then
+// names no owner, so that the next instance to meet the session takes it
+// over at once, without waiting for this one's lease to lapse. Called
+// once this instance has finished what it had queued and running.
+func (d *Directory) Release(ctx context.Context, s Store) (released int) {
+	d.mu.Lock()
+	var mine []string
+	for id, k := range d.known {
+		if k.owner.ID == d.self {
+			mine = append(mine, id)
+			mine = append(mine, k.owner.String())
+		}
 	}
-	return o, true
+	d.mu.Unlock()
+	work := make(chan [2]string)
+	var wg sync.WaitGroup
+	var n atomic.Int64
+	for range min(releaseWorkers, len(mine)/2) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for w := range work {
+				if rec, found, err := s.TakeOver(ctx, w[0], w[1], ""); err == nil && found && rec == "" {
+					n.Add(1)
+				}
+			}
+		}()
+	}
+	for i := 0; i+1 < len(mine) && ctx.Err() == nil; i += 2 {
+		work <- [2]string{mine[i], mine[i+1]}
+	}
+	close(work)
+	wg.Wait()
+	return int(n.Load())
+}
+
+// releaseWorkers is how many sessions Release hands over at once.
+const releaseWorkers = 16
+
+// Confirm is asked before an exchange of session id goes upstream from
+// this instance. If this instance owns the session but its lease lapsed
+// since it last knew that (it was frozen, or cut off from the engine
+// while the others were not), it reads who owns the session now and
+// answers false if another instance does (the session is known as
+// theirs from then on) or if that cannot be read. Otherwise true, at the
+// cost of no engine call.
+func (d *Directory) Confirm(ctx context.Context, s Store, id string) bool {
+	k, ok := d.entry(id)
+	if !ok || k.owner.ID != d.self {
+		return true
+	}
+	epoch, lapsedAt := d.members.Current(ctx)
+	if k.epoch >= epoch {
+		return true
+	}
+	if wait := d.members.VerifyAfter(lapsedAt).Sub(d.now()); wait > 0 {
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return false
+		}
+	}
+	// Taking it over from itself both reads and keeps it: false only if
+	// another instance took it over meanwhile.
+	rec, found, err := s.TakeOver(ctx, id, k.owner.String(), k.owner.String())
+	if err != nil {
+		return false
+	}
+	o, parsed := Parse(rec)
+	if found && parsed && o.ID != d.self {
+		d.remember(id, o)
+		return false
+	}
+	d.mu.Lock()
+	if k, ok := d.known[id]; ok {
+		k.epoch = epoch
+		d.known[id] = k
+	}
+	d.mu.Unlock()
+	return true
 }
 
 // Serves reports whether this instance serves a request forwarded to the
@@ -425,33 +569,5 @@ func (d *Directory) rememberTakenOver(id string, o Owner, tookOver bool) {
 			break
 		}
 	}
-	d.known[id] = known{owner: o, learned: d.now(), tookOver: tookOver}
-}
-
-func (d *Directory) markDown(o Owner) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	now := d.now()
-	if len(d.down) >= maxDown {
-		for k, until := range d.down {
-			if !now.Before(until) {
-				delete(d.down, k)
-			}
-		}
-		if len(d.down) >= maxDown {
-			clear(d.down)
-		}
-	}
-	d.down[o.String()] = now.Add(d.downFor)
-}
-
-func (d *Directory) isDown(o Owner) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	until, ok := d.down[o.String()]
-	if ok && !d.now().Before(until) {
-		delete(d.down, o.String())
-		return false
-	}
-	return ok
+	d.known[id] = known{owner: o, learned: d.now(), tookOver: tookOver, epoch: d.members.Epoch()}
 }

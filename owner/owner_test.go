@@ -15,8 +15,10 @@ type memStore struct {
 	mu     sync.Mutex
 	owners map[string]string // session id → recorded owner
 	fail   error
-	calls  atomic.Int64
-	hold   chan struct{} // while open, Owner waits for it to close
+	// takeOverFail fails TakeOver alone.
+	takeOverFail error
+	calls        atomic.Int64
+	hold         chan struct{} // while open, Owner waits for it to close
 }
 
 func newMemStore() *memStore { return &memStore{owners: map[string]string{}} }
@@ -41,6 +43,9 @@ func (m *memStore) TakeOver(_ context.Context, id, from, to string) (string, boo
 	defer m.mu.Unlock()
 	if m.fail != nil {
 		return "", false, m.fail
+	}
+	if m.takeOverFail != nil {
+		return "", false, m.takeOverFail
 	}
 	o, ok := m.owners[id]
 	if !ok {
@@ -72,7 +77,84 @@ var (
 )
 
 func newDir(self string, c *clock) *Directory {
-	return NewDirectory(self, 100, time.Hour, time.Minute, c.now)
+	return NewDirectory(NewMembership(self, noLeases, c.now), 100, time.Hour, c.now)
+}
+
+func noLeases() Leases { return nil }
+
+// memLeases keeps leases in memory, as the state engine does, on the
+// test's clock.
+type memLeases struct {
+	mu     sync.Mutex
+	c      *clock
+	leases map[string]lease
+	fail   error
+}
+
+type lease struct {
+	addr  string
+	until time.Time
+}
+
+func newMemLeases(c *clock) *memLeases { return &memLeases{c: c, leases: map[string]lease{}} }
+
+func (l *memLeases) Renew(_ context.Context, id, addr string, life time.Duration) (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fail != nil {
+		return false, l.fail
+	}
+	old, ok := l.leases[id]
+	l.leases[id] = lease{addr, l.c.now().Add(life)}
+	return ok && old.until.After(l.c.now()), nil
+}
+
+func (l *memLeases) Drop(_ context.Context, id string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.leases, id)
+	return l.fail
+}
+
+func (l *memLeases) Members(context.Context) (map[string]string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fail != nil {
+		return nil, l.fail
+	}
+	m := map[string]string{}
+	for id, ls := range l.leases {
+		if ls.until.After(l.c.now()) {
+			m[id] = ls.addr
+		}
+	}
+	return m, nil
+}
+
+// leasedDir is an instance whose membership keeps its lease in l.
+func leasedDir(o Owner, l *memLeases) *Directory {
+	m := NewMembership(o.ID, func() Leases { return l }, l.c.now)
+	m.SetAddr(o.Addr)
+	return NewDirectory(m, 100, time.Hour, l.c.now)
+}
+
+// lapse lets a's lease lapse and the others see it absent for the lock
+// delay.
+func lapse(l *memLeases, a Owner, others ...*Directory) {
+	for _, d := range others {
+		d.Members().Refresh(context.Background())
+	}
+	l.mu.Lock()
+	delete(l.leases, a.ID)
+	l.mu.Unlock()
+	for _, d := range others {
+		d.Members().Refresh(context.Background())
+	}
+	l.c.add(lockDelay)
+	for _, d := range others {
+		d.Members().Renew(context.Background())
+		d.Members().Refresh(context.Background())
+	}
 }
 
 func TestAnOwnerParsesBackFromWhatIsRecorded(t *testing.T) {
@@ -92,7 +174,7 @@ func TestASessionCreatedHereIsServedHereWithoutAskingTheStore(t *testing.T) {
 	d := newDir(ownerA.ID, c)
 	d.Created("s1", ownerA.Addr)
 	for range 5 {
-		if _, forward := d.Route(context.Background(), s, "s1", ownerA.Addr); forward {
+		if _, forward, _ := d.Route(context.Background(), s, "s1", "", ownerA.Addr); forward {
 			t.Fatal("a session created here was forwarded")
 		}
 	}
@@ -106,7 +188,7 @@ func TestAnotherInstancesSessionIsAskedForOnceThenForwardedToItsOwner(t *testing
 	s.owners["s1"] = ownerA.String()
 	d := newDir(ownerB.ID, c)
 	for range 5 {
-		o, forward := d.Route(context.Background(), s, "s1", ownerB.Addr)
+		o, forward, _ := d.Route(context.Background(), s, "s1", "", ownerB.Addr)
 		if !forward || o != ownerA {
 			t.Fatalf("Route = %v, %v; want forwarded to %v", o, forward, ownerA)
 		}
@@ -121,9 +203,9 @@ func TestAnOwnerKnownLongerThanTheSessionsLifeIsAskedForAgain(t *testing.T) {
 	s, c := newMemStore(), &clock{}
 	s.owners["s1"] = ownerA.String()
 	d := newDir(ownerB.ID, c)
-	d.Route(context.Background(), s, "s1", ownerB.Addr)
+	d.Route(context.Background(), s, "s1", "", ownerB.Addr)
 	c.add(time.Hour)
-	d.Route(context.Background(), s, "s1", ownerB.Addr)
+	d.Route(context.Background(), s, "s1", "", ownerB.Addr)
 	if n := s.calls.Load(); n != 2 {
 		t.Fatalf("%d store calls, want 2 (the owner asked again after the session's life)", n)
 	}
@@ -133,15 +215,15 @@ func TestWithoutAnAnswerFromTheStoreARequestIsServedHereAndAskedAgainNextTime(t 
 	s, c := newMemStore(), &clock{}
 	d := newDir(ownerB.ID, c)
 	s.fail = errors.New("engine down")
-	if _, forward := d.Route(context.Background(), s, "s1", ownerB.Addr); forward {
+	if _, forward, _ := d.Route(context.Background(), s, "s1", "", ownerB.Addr); forward {
 		t.Fatal("forwarded without an owner")
 	}
 	s.fail = nil
-	if _, forward := d.Route(context.Background(), s, "unknown", ownerB.Addr); forward {
+	if _, forward, _ := d.Route(context.Background(), s, "unknown", "", ownerB.Addr); forward {
 		t.Fatal("a session the store does not know was forwarded")
 	}
 	s.owners["s1"] = ownerA.String()
-	if o, forward := d.Route(context.Background(), s, "s1", ownerB.Addr); !forward || o != ownerA {
+	if o, forward, _ := d.Route(context.Background(), s, "s1", "", ownerB.Addr); !forward || o != ownerA {
 		t.Fatalf("once the store answers: Route = %v, %v; want forwarded to %v", o, forward, ownerA)
 	}
 }
@@ -149,25 +231,26 @@ func TestWithoutAnAnswerFromTheStoreARequestIsServedHereAndAskedAgainNextTime(t 
 func TestARecordWithoutAnOwnerIsServedHere(t *testing.T) {
 	s, c := newMemStore(), &clock{}
 	s.owners["s1"] = ""
-	if _, forward := newDir(ownerB.ID, c).Route(context.Background(), s, "s1", ownerB.Addr); forward {
+	if _, forward, _ := newDir(ownerB.ID, c).Route(context.Background(), s, "s1", "", ownerB.Addr); forward {
 		t.Fatal("a record without an owner was forwarded")
 	}
 }
 
-func TestAnUnreachableOwnersSessionIsTakenOverByOneInstanceOnly(t *testing.T) {
-	s, c := newMemStore(), &clock{}
+func TestALapsedOwnersSessionIsTakenOverByOneInstanceOnly(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
 	s.owners["s1"] = ownerA.String()
-	b, other := newDir(ownerB.ID, c), newDir("cccc", c)
-	b.Route(context.Background(), s, "s1", ownerB.Addr)
-	other.Route(context.Background(), s, "s1", "10.0.0.3:8080")
+	a := leasedDir(ownerA, l)
+	a.Members().Renew(context.Background())
+	b, other := leasedDir(ownerB, l), leasedDir(Owner{ID: "cccc", Addr: "10.0.0.3:8080"}, l)
+	lapse(l, ownerA, b, other)
 
-	o, forward := b.Unreachable(context.Background(), s, "s1", ownerA, ownerB.Addr, true)
+	o, forward, _ := b.Route(context.Background(), s, "s1", "", ownerB.Addr)
 	if forward || o != ownerB {
-		t.Fatalf("first to notice: %v, %v; want served here as %v", o, forward, ownerB)
+		t.Fatalf("first to meet it: %v, %v; want served here as %v", o, forward, ownerB)
 	}
-	o, forward = other.Unreachable(context.Background(), s, "s1", ownerA, "10.0.0.3:8080", true)
+	o, forward, _ = other.Route(context.Background(), s, "s1", "", "10.0.0.3:8080")
 	if !forward || o != ownerB {
-		t.Fatalf("second to notice: %v, %v; want forwarded to the new owner %v", o, forward, ownerB)
+		t.Fatalf("second to meet it: %v, %v; want forwarded to the new owner %v", o, forward, ownerB)
 	}
 	if s.owners["s1"] != ownerB.String() {
 		t.Fatalf("recorded owner %q, want %q", s.owners["s1"], ownerB.String())
@@ -177,20 +260,49 @@ func TestAnUnreachableOwnersSessionIsTakenOverByOneInstanceOnly(t *testing.T) {
 	}
 }
 
-func TestAnOwnerThatDidNotAnswerIsNotTriedAgainForItsOtherSessions(t *testing.T) {
-	s, c := newMemStore(), &clock{}
-	s.owners["s1"], s.owners["s2"] = ownerA.String(), ownerA.String()
-	b := newDir(ownerB.ID, c)
-	b.Route(context.Background(), s, "s1", ownerB.Addr)
-	b.Unreachable(context.Background(), s, "s1", ownerA, ownerB.Addr, true)
-
-	if o, forward := b.Route(context.Background(), s, "s2", ownerB.Addr); forward || o != ownerB {
-		t.Fatalf("another session of the dead owner: %v, %v; want taken over here", o, forward)
+func TestAnOwnerWhoseLeaseStandsIsNeverTakenOverWhenAForwardFails(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	s.owners["s1"] = ownerA.String()
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Members().Renew(context.Background())
+	for range 3 {
+		o, forward, _ := b.Route(context.Background(), s, "s1", "", ownerB.Addr)
+		if !forward || o != ownerA {
+			t.Fatalf("Route = %v, %v; want forwarded to %v while its lease stands", o, forward, ownerA)
+		}
+		b.Unreachable("s1", o) // the dial failed: a blip, or the owner is handing over
+		l.c.add(2 * time.Second)
+		a.Members().Renew(context.Background())
+		b.Members().Refresh(context.Background())
 	}
-	c.add(time.Minute)
-	s.owners["s3"] = ownerA.String()
-	if _, forward := b.Route(context.Background(), s, "s3", ownerB.Addr); !forward {
-		t.Fatal("an owner that did not answer a minute ago is still passed over")
+	if s.owners["s1"] != ownerA.String() || b.TakeOvers() != 0 {
+		t.Fatalf("recorded owner %q and %d takeovers after failed forwards to a live owner", s.owners["s1"], b.TakeOvers())
+	}
+}
+
+func TestNoOwnerLapsesWhileTheEngineAnswersNobody(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	s.owners["s1"] = ownerA.String()
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Members().Renew(context.Background())
+	b.Members().Refresh(context.Background())
+	l.fail = errors.New("engine down")
+	l.c.add(10 * lockDelay)
+	b.Members().Refresh(context.Background())
+	if live, _ := b.Members().Status(ownerA.ID); live != Alive {
+		t.Fatalf("after an outage of 10 lock delays, the owner is %v, want alive", live)
+	}
+	l.fail = nil
+	// The engine restarted empty: the owner renews within renewEvery.
+	l.mu.Lock()
+	clear(l.leases)
+	l.mu.Unlock()
+	b.Members().Refresh(context.Background())
+	l.c.add(renewEvery)
+	a.Members().Renew(context.Background())
+	b.Members().Refresh(context.Background())
+	if o, forward, _ := b.Route(context.Background(), s, "s1", "", ownerB.Addr); !forward || o != ownerA {
+		t.Fatalf("after the engine came back: Route = %v, %v; want forwarded to %v", o, forward, ownerA)
 	}
 }
 
@@ -204,10 +316,9 @@ func TestAnInstanceServesAForwardedRequestOnlyAsTheOwnerItWasSentTo(t *testing.T
 		t.Fatal("served a request sent to another instance at its address (an earlier process)")
 	}
 	// Another instance took s1 over, and this one learned it.
-	s.owners["s1"] = ownerA.String()
-	NewDirectory(ownerB.ID, 10, time.Hour, time.Minute, c.now).Unreachable(context.Background(), s, "s1", ownerA, ownerB.Addr, true)
+	s.owners["s1"] = ownerB.String()
 	d.Forget("s1")
-	d.Route(context.Background(), s, "s1", ownerA.Addr)
+	d.Route(context.Background(), s, "s1", "", ownerA.Addr)
 	if d.Serves("s1", ownerA.ID) {
 		t.Fatal("served a session it knows another instance took over")
 	}
@@ -215,7 +326,7 @@ func TestAnInstanceServesAForwardedRequestOnlyAsTheOwnerItWasSentTo(t *testing.T
 
 func TestTheDirectoryKeepsAtMostItsBoundOfSessions(t *testing.T) {
 	c := &clock{}
-	d := NewDirectory(ownerA.ID, 10, time.Hour, time.Minute, c.now)
+	d := NewDirectory(NewMembership(ownerA.ID, noLeases, c.now), 10, time.Hour, c.now)
 	for i := range 100 {
 		d.Created(string(rune('a'+i%26))+string(rune('a'+i/26)), ownerA.Addr)
 	}
@@ -224,15 +335,85 @@ func TestTheDirectoryKeepsAtMostItsBoundOfSessions(t *testing.T) {
 	}
 }
 
-func TestAnInstanceWithoutAnAddressServesAnUnreachableOwnersSessionWithoutTakingItOver(t *testing.T) {
-	s, c := newMemStore(), &clock{}
+func TestAnInstanceWithoutAnAddressServesALapsedOwnersSessionWithoutTakingItOver(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
 	s.owners["s1"] = ownerA.String()
-	b := newDir(ownerB.ID, c)
-	if _, forward := b.Unreachable(context.Background(), s, "s1", ownerA, "", true); forward {
-		t.Fatal("forwarded again to the owner that did not answer")
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Members().Renew(context.Background())
+	lapse(l, ownerA, b)
+	if _, forward, _ := b.Route(context.Background(), s, "s1", "", ""); forward {
+		t.Fatal("forwarded to an owner whose lease lapsed")
 	}
 	if s.owners["s1"] != ownerA.String() || b.TakeOvers() != 0 {
 		t.Fatalf("recorded %q after a takeover without an address", s.owners["s1"])
+	}
+}
+
+func TestAHandedOverSessionIsTakenOverAtOnce(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	a.Created("s2", ownerA.Addr)
+	s.owners["s2"] = ownerB.String() // taken over meanwhile: not A's to hand over
+	a.Members().Renew(context.Background())
+	if n := a.Release(context.Background(), s); n != 1 {
+		t.Fatalf("Release handed %d sessions over, want 1", n)
+	}
+	if s.owners["s2"] != ownerB.String() {
+		t.Fatalf("Release changed another owner's session: %q", s.owners["s2"])
+	}
+	// A's lease still stands: the handover, not a lapse, lets B in.
+	if o, forward, _ := b.Route(context.Background(), s, "s1", "", ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("Route = %v, %v; want taken over at once", o, forward)
+	}
+}
+
+func TestATakeoverWithoutAnAnswerWaitsRatherThanServing(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	s.owners["s1"] = ownerA.String()
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Members().Renew(context.Background())
+	b.Route(context.Background(), s, "s1", "", ownerB.Addr)
+	lapse(l, ownerA, b)
+	s.takeOverFail = errors.New("no answer within 250ms")
+	if _, forward, wait := b.Route(context.Background(), s, "s1", "", ownerB.Addr); forward || !wait {
+		t.Fatalf("a takeover without an answer: forward %v, wait %v; want wait", forward, wait)
+	}
+	s.takeOverFail = nil
+	if o, forward, wait := b.Route(context.Background(), s, "s1", "", ownerB.Addr); forward || wait || o != ownerB {
+		t.Fatalf("asked again: %v, forward %v, wait %v; want taken over", o, forward, wait)
+	}
+}
+
+func TestAnOwnerWhoseLeaseLapsedServesASessionAgainOnlyIfNobodyTookItOver(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	for _, id := range []string{"kept", "lost"} {
+		a.Created(id, ownerA.Addr)
+		s.owners[id] = ownerA.String()
+	}
+	a.Members().Renew(context.Background())
+	if !a.Confirm(context.Background(), s, "kept") {
+		t.Fatal("an owner whose lease stands was refused its own session")
+	}
+	calls := s.calls.Load()
+	a.Confirm(context.Background(), s, "kept")
+	if s.calls.Load() != calls {
+		t.Fatal("Confirm asked the store while the lease stood")
+	}
+	// A is frozen past its lease; B takes one of its sessions over.
+	lapse(l, ownerA, b)
+	b.Route(context.Background(), s, "lost", "", ownerB.Addr)
+	l.c.add(verifyDelay)
+	if a.Confirm(context.Background(), s, "lost") {
+		t.Fatal("the resumed owner would send a session upstream that another instance took over")
+	}
+	if !a.Confirm(context.Background(), s, "kept") {
+		t.Fatal("the resumed owner was refused a session nobody took over")
+	}
+	if o, forward, _ := a.Route(context.Background(), s, "lost", "", ownerA.Addr); !forward || o.ID != ownerB.ID {
+		t.Fatalf("the resumed owner routes the lost session to %v, %v; want forwarded to %v", o, forward, ownerB)
 	}
 }
 
@@ -244,7 +425,7 @@ func TestRequestsOfASessionArrivingTogetherAskForItsOwnerOnce(t *testing.T) {
 	routed := make(chan Owner, 5)
 	for range 5 {
 		go func() {
-			o, _ := d.Route(context.Background(), s, "s1", ownerB.Addr)
+			o, _, _ := d.Route(context.Background(), s, "s1", "", ownerB.Addr)
 			routed <- o
 		}()
 	}
@@ -293,11 +474,11 @@ func (m *memStore) Claim(_ context.Context, id, me string) (string, error) {
 func TestTheFirstInstanceToMeetAKeyOwnsItAndTheOthersForwardToIt(t *testing.T) {
 	s, c := newMemStore(), &clock{}
 	a, b := newDir(ownerA.ID, c), newDir(ownerB.ID, c)
-	if o, forward := a.RouteKey(context.Background(), s, "key k", ownerA.Addr); forward || o != ownerA {
+	if o, forward, _ := a.RouteKey(context.Background(), s, "key k", ownerA.Addr); forward || o != ownerA {
 		t.Fatalf("first to meet the key: %v, %v; want it served here", o, forward)
 	}
 	for range 3 {
-		if o, forward := b.RouteKey(context.Background(), s, "key k", ownerB.Addr); !forward || o != ownerA {
+		if o, forward, _ := b.RouteKey(context.Background(), s, "key k", ownerB.Addr); !forward || o != ownerA {
 			t.Fatalf("second: %v, %v; want forwarded to %v", o, forward, ownerA)
 		}
 	}
@@ -317,7 +498,7 @@ func TestAKeysOwnerClaimsItAgainOnlyAfterHalfASessionsLife(t *testing.T) {
 		t.Fatalf("%d claims within half an hour, want 1", n)
 	}
 	c.add(time.Minute)
-	if _, forward := a.RouteKey(context.Background(), s, "key k", ownerA.Addr); forward {
+	if _, forward, _ := a.RouteKey(context.Background(), s, "key k", ownerA.Addr); forward {
 		t.Fatal("the owner forwarded its own key")
 	}
 	if n := s.calls.Load(); n != 2 {
@@ -325,16 +506,17 @@ func TestAKeysOwnerClaimsItAgainOnlyAfterHalfASessionsLife(t *testing.T) {
 	}
 }
 
-func TestAKeyWhoseOwnerDoesNotAnswerIsTakenOver(t *testing.T) {
-	s, c := newMemStore(), &clock{}
-	a, b := newDir(ownerA.ID, c), newDir(ownerB.ID, c)
+func TestAKeyWhoseOwnerLapsedIsTakenOver(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
 	a.RouteKey(context.Background(), s, "key k", ownerA.Addr)
-	o, _ := b.RouteKey(context.Background(), s, "key k", ownerB.Addr)
-	if o, forward := b.Unreachable(context.Background(), s, "key k", o, ownerB.Addr, true); forward || o != ownerB {
-		t.Fatalf("after the owner did not answer: %v, %v; want taken over here", o, forward)
+	a.Members().Renew(context.Background())
+	if _, forward, _ := b.RouteKey(context.Background(), s, "key k", ownerB.Addr); !forward {
+		t.Fatal("a live owner's key was not forwarded to it")
 	}
-	if s.owners["key k"] != ownerB.String() {
-		t.Fatalf("recorded %q", s.owners["key k"])
+	lapse(l, ownerA, b)
+	if o, forward, _ := b.RouteKey(context.Background(), s, "key k", ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("RouteKey = %v, %v; want taken over", o, forward)
 	}
 }
 
@@ -404,7 +586,7 @@ func nextMark(t *testing.T, r *runningStore) string {
 // elsewhere.
 func TestAnOwnersLongExchangeMarksTheRecordUntilItEnds(t *testing.T) {
 	store := newRunningStore()
-	d := NewDirectory(ownerA.ID, 100, time.Hour, time.Minute, nil)
+	d := NewDirectory(NewMembership(ownerA.ID, noLeases, nil), 100, time.Hour, nil)
 	d.markAfter, d.markLife = 10*time.Millisecond, 60*time.Millisecond
 	d.Created("s", ownerA.Addr)
 
@@ -424,7 +606,7 @@ func TestAnOwnersLongExchangeMarksTheRecordUntilItEnds(t *testing.T) {
 
 	d.ExchangeBegan(store.get, "s")() // over before markAfter
 	store.memStore.owners["elsewhere"] = ownerB.String()
-	if o, forward := d.Route(bg, store, "elsewhere", ownerA.Addr); !forward || o != ownerB {
+	if o, forward, _ := d.Route(bg, store, "elsewhere", "", ownerA.Addr); !forward || o != ownerB {
 		t.Fatalf("Route = %v, %v", o, forward)
 	}
 	defer d.ExchangeBegan(store.get, "elsewhere")()
@@ -444,8 +626,9 @@ func TestATakenOverSessionWaitsForThePreviousOwnersExchange(t *testing.T) {
 	store.memStore.owners["s"] = ownerA.String()
 	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
 	<-store.marked
-	b := NewDirectory(ownerB.ID, 100, time.Hour, time.Minute, nil)
-	if o, forward := b.Unreachable(bg, store, "s", ownerA, ownerB.Addr, true); forward || o != ownerB {
+	b := NewDirectory(NewMembership(ownerB.ID, noLeases, nil), 100, time.Hour, nil)
+	// A's lease lapsed (TestALapsedOwnersSessionIsTakenOverByOneInstanceOnly).
+	if o, forward, _ := b.takeOver(bg, store, "s", ownerA, ownerB.Addr); forward || o != ownerB {
 		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
 	}
 	done := make(chan bool, 1)
@@ -479,8 +662,8 @@ func TestTheWaitForAPreviousOwnerEndsAtItsDeadlineOrWithoutAStore(t *testing.T) 
 	store := newRunningStore()
 	store.memStore.owners["s"] = ownerA.String()
 	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
-	b := NewDirectory(ownerB.ID, 100, time.Hour, time.Minute, nil)
-	b.Unreachable(bg, store, "s", ownerA, ownerB.Addr, true)
+	b := NewDirectory(NewMembership(ownerB.ID, noLeases, nil), 100, time.Hour, nil)
+	b.takeOver(bg, store, "s", ownerA, ownerB.Addr)
 	if b.AwaitPrevious(bg, store.get, "s", time.Now().Add(50*time.Millisecond)) {
 		t.Fatal("AwaitPrevious went while the mark had an hour left, past its deadline")
 	}
@@ -489,5 +672,28 @@ func TestTheWaitForAPreviousOwnerEndsAtItsDeadlineOrWithoutAStore(t *testing.T) 
 	store.mu.Unlock()
 	if !b.AwaitPrevious(bg, store.get, "s", time.Now().Add(time.Hour)) {
 		t.Fatal("AwaitPrevious waited for a Store that does not answer")
+	}
+}
+
+func TestASessionIDNamingALiveOwnerIsRoutedThereWithoutTheStore(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Members().Renew(context.Background())
+	b.Members().Refresh(context.Background())
+	// No record: the engine restarted empty, or was down when the
+	// session began.
+	if o, forward, _ := b.Route(context.Background(), s, "s1", ownerA.ID, ownerB.Addr); !forward || o != ownerA {
+		t.Fatalf("Route = %v, %v; want forwarded to %v, the instance the id names", o, forward, ownerA)
+	}
+	if n := s.calls.Load(); n != 0 {
+		t.Fatalf("%d store calls, want 0", n)
+	}
+	if _, forward, _ := a.Route(context.Background(), s, "s1", ownerA.ID, ownerA.Addr); forward {
+		t.Fatal("the owner the id names forwarded its own session")
+	}
+	// An id naming an instance the cluster never knew is routed by the
+	// record alone: here, none, so served here and never forwarded.
+	if _, forward, _ := b.Route(context.Background(), s, "s2", "ffffffffffffffff", ownerB.Addr); forward {
+		t.Fatal("forwarded to an instance only the client's id names")
 	}
 }

@@ -1,0 +1,349 @@
+package owner
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+)
+
+// Leases is where instances keep their leases: the state engine. Every
+// call is bounded by the engine.
+type Leases interface {
+	// Renew keeps the lease of instance id, reached at addr, for life
+	// more on the engine's clock, and reports whether it stood until now
+	// (false: it lapsed, the engine forgot it, or it is the first).
+	Renew(ctx context.Context, id, addr string, life time.Duration) (stood bool, err error)
+	// Drop ends id's lease.
+	Drop(ctx context.Context, id string) error
+	// Members lists the instances whose leases stand: ID → address.
+	Members(ctx context.Context) (map[string]string, error)
+}
+
+// How leases are kept. An instance renews its lease every renewEvery, so
+// a live instance's lease never lapses while the engine answers it; the
+// others take its sessions over only once they have seen its lease absent
+// for lockDelay, which a live instance would have used to renew it after
+// an engine restart (Chubby's lock-delay).
+const (
+	LeaseLife  = 5 * time.Second
+	renewEvery = time.Second
+	lockDelay  = LeaseLife
+	// staleAfter: an instance whose last renewal attempt is older than
+	// this was frozen (or its loop starved) and renews before it sends
+	// anything more upstream.
+	staleAfter = 3 * renewEvery
+	// verifyDelay: after its lease lapsed, an instance waits this long
+	// before it reads who owns its sessions, so that a takeover decided
+	// on a listing from before its renewal has landed.
+	verifyDelay = time.Second
+)
+
+// Liveness is what an instance knows of another's lease.
+type Liveness uint8
+
+const (
+	// Unknown: never listed since this instance started (it may run a
+	// release without leases, or have died before).
+	Unknown Liveness = iota
+	// Alive: listed in the last listing, or absent for less than the
+	// lock delay.
+	Alive
+	// Lapsed: absent from the listings for at least the lock delay.
+	Lapsed
+)
+
+// Membership is one instance's lease and its view of the others'. The
+// view lives in memory, refreshed in the background, so that an engine
+// outage changes no routing: nobody is seen to lapse while the engine
+// answers nobody.
+type Membership struct {
+	leases                            func() Leases // the running config's engine; nil while none
+	now                               func() time.Time
+	life, every, delay, stale, verify time.Duration
+	mu                                sync.Mutex
+	self                              string
+	addr                              string
+	held                              bool      // a renewal has succeeded since the last lapse
+	attempt                           time.Time // when the last renewal attempt ended, whatever its answer
+	epoch                             uint64    // how many times the lease was found lapsed
+	lapsedAt                          time.Time // when it was last found lapsed
+	members                           map[string]*member
+	renewing                          chan struct{} // closed when the renewal in flight ends; nil for none
+	listing                           chan struct{} // likewise for a listing
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+type member struct {
+	addr string
+	// absent: the last listing did not show it; absentSince is the first
+	// listing since that did not, and absentSeen the last.
+	absent                  bool
+	absentSince, absentSeen time.Time
+	listed                  bool // ever listed
+}
+
+// NewMembership returns the membership of the instance named self;
+// leases gives the engine to keep leases in (nil while there is none).
+func NewMembership(self string, leases func() Leases, now func() time.Time) *Membership {
+	if now == nil {
+		now = time.Now
+	}
+	return &Membership{
+		leases: leases, now: now, self: self,
+		life: LeaseLife, every: renewEvery, delay: lockDelay, stale: staleAfter, verify: verifyDelay,
+		members: map[string]*member{},
+	}
+}
+
+// Self is this instance's ID.
+func (m *Membership) Self() string { return m.self }
+
+// SetAddr records where the other instances reach this one, sent with the
+// next renewal. The first address sticks, except that a loopback address
+// gives way to another, since other hosts cannot dial it.
+func (m *Membership) SetAddr(addr string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if addr == "" || addr == m.addr || (m.addr != "" && !isLoopback(m.addr)) {
+		return
+	}
+	first := m.addr == ""
+	m.addr = addr
+	if first && m.stop != nil {
+		// Listed at once: the others meet its first session any moment.
+		go m.Renew(context.Background())
+	}
+}
+
+// Addr is where the other instances reach this one; "" until known.
+func (m *Membership) Addr() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.addr
+}
+
+// Start renews the lease and refreshes the view every renewEvery until
+// Stop.
+func (m *Membership) Start() {
+	m.mu.Lock()
+	if m.stop != nil {
+		m.mu.Unlock()
+		return
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	m.stop, m.done = stop, done
+	m.mu.Unlock()
+	go func() {
+		defer close(done)
+		t := time.NewTicker(m.every)
+		defer t.Stop()
+		for {
+			m.Renew(context.Background())
+			m.Refresh(context.Background())
+			select {
+			case <-t.C:
+			case <-stop:
+				return
+			}
+		}
+	}()
+}
+
+// Stop ends the background work and, with leases, drops the lease, so
+// that the others need not wait for it to lapse.
+func (m *Membership) Stop(ctx context.Context, leases Leases) {
+	m.mu.Lock()
+	stop, done := m.stop, m.done
+	m.stop = nil
+	m.mu.Unlock()
+	if stop != nil {
+		close(stop)
+		<-done
+	}
+	if leases != nil {
+		_ = leases.Drop(ctx, m.self)
+	}
+}
+
+// Renew renews the lease now, or waits for the renewal in flight.
+func (m *Membership) Renew(ctx context.Context) {
+	m.mu.Lock()
+	if c := m.renewing; c != nil {
+		m.mu.Unlock()
+		select {
+		case <-c:
+		case <-ctx.Done():
+		}
+		return
+	}
+	c := make(chan struct{})
+	m.renewing = c
+	addr := m.addr
+	m.mu.Unlock()
+
+	stood, err := false, error(nil)
+	l := m.leases()
+	if l != nil && addr != "" {
+		stood, err = l.Renew(ctx, m.self, addr, m.life)
+	}
+
+	m.mu.Lock()
+	m.attempt = m.now()
+	switch {
+	case l == nil || addr == "" || err != nil:
+		// Nobody can take a session over without the engine either.
+	case !stood && m.held:
+		m.epoch++
+		m.lapsedAt = m.now()
+	default:
+		m.held = true
+	}
+	m.renewing = nil
+	m.mu.Unlock()
+	close(c)
+}
+
+// Current makes sure this instance's lease was renewed recently before it
+// sends an exchange upstream: an instance that was frozen renews first,
+// and learns whether its lease lapsed meanwhile. It returns the lease's
+// epoch (how many times it was found lapsed) and when the latest lapse
+// was found.
+func (m *Membership) Current(ctx context.Context) (epoch uint64, lapsedAt time.Time) {
+	m.mu.Lock()
+	stale := m.held && m.now().Sub(m.attempt) >= m.stale
+	m.mu.Unlock()
+	if stale {
+		m.Renew(ctx)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.epoch, m.lapsedAt
+}
+
+// Epoch is how many times this instance's lease was found lapsed.
+func (m *Membership) Epoch() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.epoch
+}
+
+// VerifyAfter is when, after a lapse found at lapsedAt, this instance may
+// read who owns its sessions.
+func (m *Membership) VerifyAfter(lapsedAt time.Time) time.Time { return lapsedAt.Add(m.verify) }
+
+// Refresh lists the members now, or waits for the listing in flight.
+func (m *Membership) Refresh(ctx context.Context) {
+	m.mu.Lock()
+	if c := m.listing; c != nil {
+		m.mu.Unlock()
+		select {
+		case <-c:
+		case <-ctx.Done():
+		}
+		return
+	}
+	c := make(chan struct{})
+	m.listing = c
+	m.mu.Unlock()
+
+	var listed map[string]string
+	var err error
+	if l := m.leases(); l != nil {
+		listed, err = l.Members(ctx)
+	}
+
+	m.mu.Lock()
+	if err == nil && listed != nil {
+		m.listed(listed, m.now())
+	}
+	m.listing = nil
+	m.mu.Unlock()
+	close(c)
+}
+
+// maxMembers bounds the instances remembered; far more than a cluster has.
+const maxMembers = 4096
+
+// listed applies a successful listing made at now. Guarded by mu.
+func (m *Membership) listed(listed map[string]string, now time.Time) {
+	for id, addr := range listed {
+		mb := m.members[id]
+		if mb == nil {
+			if len(m.members) >= maxMembers {
+				continue
+			}
+			mb = &member{}
+			m.members[id] = mb
+		}
+		mb.addr, mb.listed, mb.absent = addr, true, false
+	}
+	for id, mb := range m.members {
+		if _, ok := listed[id]; ok {
+			continue
+		}
+		if !mb.absent {
+			mb.absent, mb.absentSince = true, now
+		}
+		mb.absentSeen = now
+		if mb.absentSeen.Sub(mb.absentSince) >= 10*m.delay && len(m.members) >= maxMembers/2 {
+			delete(m.members, id) // long gone: its sessions were taken over
+		}
+	}
+}
+
+// Status says what this instance knows of instance id's lease, and the
+// address its lease names ("" if none was listed).
+func (m *Membership) Status(id string) (Liveness, string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mb := m.members[id]
+	switch {
+	case mb == nil:
+		return Unknown, ""
+	case !mb.absent:
+		return Alive, mb.addr
+	case mb.absentSeen.Sub(mb.absentSince) >= m.delay:
+		return Lapsed, mb.addr
+	case !mb.listed:
+		return Unknown, ""
+	}
+	return Alive, mb.addr
+}
+
+// Noticed starts the clock on an instance named by a record but never
+// listed: if it stays absent for the lock delay, it is lapsed. It returns
+// its liveness now.
+func (m *Membership) Noticed(id string) Liveness {
+	m.mu.Lock()
+	if m.members[id] == nil && len(m.members) < maxMembers {
+		now := m.now()
+		m.members[id] = &member{absent: true, absentSince: now, absentSeen: now}
+	}
+	m.mu.Unlock()
+	l, _ := m.Status(id)
+	return l
+}
+
+// WasListed reports whether instance id's lease was ever listed here: an
+// instance that keeps leases stamps its answers.
+func (m *Membership) WasListed(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mb := m.members[id]
+	return mb != nil && mb.listed
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
