@@ -99,4 +99,5 @@ fuzz:
 	go test ./serializer -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
 	go test ./serializer -run '^$$' -fuzz '^FuzzValid$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
 	go test ./serializer -run '^$$' -fuzz '^FuzzValidSessionID$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
+	go test ./owner -run '^$$' -fuzz '^FuzzSessionIDOwner$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
 	go test ./caddymodule -run '^$$' -fuzz '^FuzzSessionPOST$$' -fuzztime $(FUZZTIME_CADDY) -fuzzminimizetime $(FUZZMINIMIZETIME)
