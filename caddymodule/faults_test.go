@@ -229,11 +229,12 @@ func rpcRequest(id, method string) string {
 }
 
 // initialize opens session sid through Caddy and returns when the
-// client has the answer.
+// client has the answer; with order owner, the client's id names its
+// owner beside sid.
 func initialize(t *testing.T, c *testCaddy, sid string) time.Time {
 	t.Helper()
 	a := call(context.Background(), http.DefaultClient, http.MethodPost, c.url, "", initializeBody)
-	if a.err != nil || a.status != http.StatusOK || a.header.Get("Mcp-Session-Id") != sid {
+	if a.err != nil || a.status != http.StatusOK || upstreamID(a.header.Get("Mcp-Session-Id")) != sid {
 		t.Fatalf("initialize: %d %v %s", a.status, a.err, a.body)
 	}
 	return a.at

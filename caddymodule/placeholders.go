@@ -38,7 +38,8 @@ const (
 // mcp_method, mcp_protocol_version and mcp_queue_wait to the access log,
 // all computed only when read.
 type requestInfo struct {
-	sessionID       string // the session, or the key's queue when keyed
+	sessionID       string // the session (the upstream's id), or the key's queue when keyed
+	idOwner         string // the instance the client's Mcp-Session-Id names (order owner), "" for none
 	line            string // a session's request with a key: the key's queue, which it also waits in
 	method          serializer.Method
 	protocolVersion string // as the client sent it

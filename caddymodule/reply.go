@@ -25,6 +25,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, reason string, 
 	if c := h.logger.Check(zapcore.DebugLevel, "request answered locally"); c != nil {
 		fields := []zap.Field{zap.String("reason", reason), zap.Int("status", status), zap.String("method", r.Method)}
 		if sid := r.Header.Get(sessionHeader); sid != "" {
+			_, sid = h.splitSessionID(sid) // hashed as everywhere else: the upstream's id
 			fields = append(fields, zap.String("session", serializer.SessionHash(sid)))
 		}
 		c.Write(fields...)

@@ -45,7 +45,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, r, "invalid_session_id", http.StatusBadRequest, codeInvalidRequest,
 			"invalid Mcp-Session-Id: want one value of 1 to 256 visible ASCII characters", nil)
 	}
-	info := newRequestInfo(r, ids[0])
+	// Everything past the edge sees the upstream's id; the instance the
+	// client's id names stays with the request, for routing.
+	idOwner, id := h.splitSessionID(ids[0])
+	info := newRequestInfo(r, id)
+	info.idOwner = idOwner
 	if h.Key != "" && r.Method != http.MethodGet {
 		info.line = h.keyOf(r)
 	}
@@ -235,7 +239,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 		// get part of its body.
 		return h.rejectWait(w, r, info, context.Canceled, reqID)
 	}
-	err = next.ServeHTTP(ew, r)
+	err = next.ServeHTTP(ew, upstreamRequest(r, info))
 	ew.settleStatus(err)
 	h.answered(password, ew.status)
 	return err
@@ -285,7 +289,11 @@ func (h *Handler) serveGetStream(w http.ResponseWriter, r *http.Request, next ca
 	if err != nil {
 		return h.rejectWait(w, r, info, err, nil)
 	}
-	return next.ServeHTTP(w, r)
+	if h.owners != nil {
+		// The stream's header may carry the session's id too.
+		w = &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r}
+	}
+	return next.ServeHTTP(w, upstreamRequest(r, info))
 }
 
 // isEventStream reports a Server-Sent Events response as Caddy's

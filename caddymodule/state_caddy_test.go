@@ -171,7 +171,7 @@ func TestSessionCreatedBehindOneTableIsGatedBehindAnother(t *testing.T) {
 			a, b, root := twoTables(t, state, upstream)
 			resp := post(t, a, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)
 			resp.Body.Close()
-			if resp.Header.Get("Mcp-Session-Id") != "s-new" {
+			if upstreamID(resp.Header.Get("Mcp-Session-Id")) != "s-new" {
 				t.Fatalf("initialize: %s", resp.Status)
 			}
 			up.next(t)

@@ -75,7 +75,8 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 			return false
 		}
 		req.Header = header.Clone()
-		req.Header.Set(sessionHeader, id)
+		// As the client would send it: the handler takes the owner off.
+		req.Header.Set(sessionHeader, h.clientSessionID(id))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "application/json, text/event-stream")
 		req.Header.Set("Content-Length", strconv.Itoa(len(initializedNotification)))

@@ -49,6 +49,7 @@ func (w *exchangeWriter) onFinalHeader() {
 	if w.sessionless {
 		w.turn = w.h.beginSession(w.status, header, w.r, w.info)
 	}
+	w.h.nameOwnerInResponse(header)
 	if isEventStream(header) {
 		w.turn.Streaming()
 	}
