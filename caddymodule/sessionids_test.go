@@ -2,13 +2,19 @@ package caddymodule_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
 	"github.com/mcpserializer/caddy-mcp-serializer/owner"
@@ -29,7 +35,12 @@ func upstreamID(clientID string) string {
 // "sse" is answered as an event stream.
 func echoingUpstream(t *testing.T, mint func() string) (*upstream, string) {
 	t.Helper()
-	return newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+	return newUpstream(t, echoingAnswer(mint))
+}
+
+// echoingAnswer is echoingUpstream's answer function.
+func echoingAnswer(mint func() string) func(http.ResponseWriter, *http.Request, []byte) {
+	return func(w http.ResponseWriter, r *http.Request, body []byte) {
 		m := parseRPC(body)
 		if id := r.Header.Get("Mcp-Session-Id"); id != "" {
 			w.Header().Set("Mcp-Session-Id", id)
@@ -53,7 +64,7 @@ func echoingUpstream(t *testing.T, mint func() string) (*upstream, string) {
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{}}`, m.ID)
 		}
-	})
+	}
 }
 
 // expectUpstreamSawOnly checks that every request of a session reached
@@ -231,4 +242,77 @@ func TestAnIdThatNamesNoOwnerIsUsedWhole(t *testing.T) {
 		t.Fatalf("the upstream saw %d requests, want 6: %q", n, up.labels())
 	}
 	expectUpstreamSawOnly(t, up, sid)
+}
+
+// With order owner, the module's logs and the access log's
+// mcp_session_hash name a session by its upstream id's hash, as the
+// admin API does, whichever id the client sent: never the raw id.
+func TestWithOrderOwnerLogsHashTheUpstreamsId(t *testing.T) {
+	secret := make([]byte, 8)
+	rand.Read(secret)
+	sid := "SeCrEt-" + hex.EncodeToString(secret)
+	release := make(chan struct{})
+	defer close(release)
+	answer := echoingAnswer(func() string { return sid })
+	up, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if parseRPC(body).Method == "block" {
+			<-release
+		}
+		answer(w, r, body)
+	})
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	c := startCaddyLogging(t, logFile, "mcp_serializer {\n\tstate redis "+redistest.Start(t)+"\n\tqueue_timeout 200ms\n}\nreverse_proxy "+addr)
+	ctx := context.Background()
+
+	cid := call(ctx, http.DefaultClient, http.MethodPost, c.url, "", initializeBody).header.Get("Mcp-Session-Id")
+	if upstreamID(cid) != sid || cid == sid {
+		t.Fatalf("initialize: Mcp-Session-Id %q, want %q with the instance's ID", cid, sid)
+	}
+	if a := call(ctx, http.DefaultClient, http.MethodPost, c.url, cid, initializedBody); a.status != http.StatusAccepted {
+		t.Fatalf("initialized: %d %s", a.status, a.body)
+	}
+	blocked := callAsync(ctx, http.MethodPost, c.url, cid, rpcRequest("2", "block"))
+	for parseRPC(up.next(t).Body).Method != "block" {
+	}
+	// Answered locally: it times out behind the blocked call.
+	expectRPCError(t, call(ctx, http.DefaultClient, http.MethodPost, c.url, cid, rpcRequest("3", "ping")).asResponse(), http.StatusServiceUnavailable, "3")
+	release <- struct{}{}
+	expectResult(t, await(t, blocked, 5*time.Second, "the blocked call"), "2")
+
+	want := serializer.SessionHash(sid)
+	module, _ := readLogs(t, logFile, sid, cid)
+	named := map[string]bool{}
+	for _, l := range module {
+		if s, ok := l["session"]; ok {
+			if s != want {
+				t.Errorf("a log line names session %v, want %s (the upstream id's hash): %v", s, want, l)
+			}
+			named[fmt.Sprint(l["msg"])] = true
+		}
+	}
+	for _, msg := range []string{"session created, held until initialized", "request answered locally"} {
+		if !named[msg] {
+			t.Errorf("no log line %q naming the session; named: %v", msg, named)
+		}
+	}
+	data, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accessLines := 0
+	for line := range strings.Lines(string(data)) {
+		var entry map[string]any
+		if json.Unmarshal([]byte(line), &entry) != nil || !strings.HasPrefix(fmt.Sprint(entry["logger"]), "http.log.access") {
+			continue
+		}
+		if h, ok := entry["mcp_session_hash"]; ok {
+			accessLines++
+			if h != want {
+				t.Errorf("an access log line has mcp_session_hash %v, want %s: %s", h, want, line)
+			}
+		}
+	}
+	if accessLines < 4 {
+		t.Errorf("%d access log lines name the session, want 4 or more", accessLines)
+	}
 }
