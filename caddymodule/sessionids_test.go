@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/fcgi"
 	"os"
 	"path/filepath"
 	"slices"
@@ -314,5 +316,50 @@ func TestWithOrderOwnerLogsHashTheUpstreamsId(t *testing.T) {
 	}
 	if accessLines < 4 {
 		t.Errorf("%d access log lines name the session, want 4 or more", accessLines)
+	}
+}
+
+// Through php_fastcgi, PHP's HTTP_MCP_SESSION_ID is the id the app
+// minted, on every follow-up, while the client holds the id naming its
+// owner.
+func TestThroughPHPFastCGITheAppSeesOnlyItsOwnId(t *testing.T) {
+	const sid = "php-session"
+	answer := echoingAnswer(func() string { return sid })
+	seen := make(chan string, 64)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go fcgi.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if parseRPC(body).Method != "initialize" {
+			seen <- r.Header.Get("Mcp-Session-Id") // net/http/fcgi's reading of HTTP_MCP_SESSION_ID
+		}
+		answer(w, r, body)
+	}))
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, "index.php"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := startCaddy(t, "root * "+root+"\nmcp_serializer {\n\tstate redis "+redistest.Start(t)+"\n}\nphp_fastcgi "+l.Addr().String())
+	ctx := context.Background()
+
+	cid := call(ctx, http.DefaultClient, http.MethodPost, c.url, "", initializeBody).header.Get("Mcp-Session-Id")
+	if upstreamID(cid) != sid || cid == sid {
+		t.Fatalf("initialize: Mcp-Session-Id %q, want %q with the instance's ID", cid, sid)
+	}
+	for _, body := range []string{initializedBody, rpcRequest("2", "tools/list")} {
+		if a := call(ctx, http.DefaultClient, http.MethodPost, c.url, cid, body); a.status/100 != 2 || a.header.Get("Mcp-Session-Id") != cid {
+			t.Fatalf("%s: %d, Mcp-Session-Id %q; want 2xx with %q", body, a.status, a.header.Get("Mcp-Session-Id"), cid)
+		}
+		select {
+		case got := <-seen:
+			if got != sid {
+				t.Fatalf("%s: PHP saw Mcp-Session-Id %q, want %q", body, got, sid)
+			}
+		default:
+			t.Fatalf("%s never reached PHP", body)
+		}
 	}
 }
