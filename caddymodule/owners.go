@@ -118,7 +118,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		if keyed {
 			o, forward, wait = h.owners.RouteKey(r.Context(), h.ownerStore, id, here)
 		} else {
-			o, forward, wait = h.owners.Route(r.Context(), h.ownerStore, id, "", here)
+			o, forward, wait = h.owners.Route(r.Context(), h.ownerStore, id, info.idOwner, here)
 		}
 		if raw != nil {
 			r.Body = io.NopCloser(bytes.NewReader(raw))

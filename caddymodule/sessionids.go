@@ -17,7 +17,9 @@ import (
 // clientSessionID is the id a client is given for the upstream's id of a
 // session this instance serves.
 func (h *Handler) clientSessionID(upstreamID string) string {
-	if h.owners == nil {
+	if h.owners == nil || h.owners.Members().Addr() == "" {
+		// No other instance can reach this one (TLS or a unix socket
+		// without advertise): an id naming it would route nowhere.
 		return upstreamID
 	}
 	id, _ := owner.WithOwner(h.owners.Self(), upstreamID)

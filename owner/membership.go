@@ -69,8 +69,10 @@ type Membership struct {
 	epoch                             uint64    // how many times the lease was found lapsed
 	lapsedAt                          time.Time // when it was last found lapsed
 	members                           map[string]*member
-	renewing                          chan struct{} // closed when the renewal in flight ends; nil for none
-	listing                           chan struct{} // likewise for a listing
+	// lastListed is when the last listing ended, whatever its answer.
+	lastListed time.Time
+	renewing   chan struct{} // closed when the renewal in flight ends; nil for none
+	listing    chan struct{} // likewise for a listing
 
 	stop chan struct{}
 	done chan struct{}
@@ -256,6 +258,7 @@ func (m *Membership) Refresh(ctx context.Context) {
 	}
 
 	m.mu.Lock()
+	m.lastListed = m.now()
 	if err == nil && listed != nil {
 		m.listed(listed, m.now())
 	}
@@ -263,6 +266,22 @@ func (m *Membership) Refresh(ctx context.Context) {
 	m.mu.Unlock()
 	close(c)
 }
+
+// RefreshStale lists the members unless a listing ended less than
+// minRelist ago: what a request asks for, so that requests naming
+// instances nobody knows cost the engine at most one listing per
+// minRelist.
+func (m *Membership) RefreshStale(ctx context.Context) {
+	m.mu.Lock()
+	fresh := m.now().Sub(m.lastListed) < minRelist
+	m.mu.Unlock()
+	if !fresh {
+		m.Refresh(ctx)
+	}
+}
+
+// minRelist spaces the listings requests ask for.
+const minRelist = 250 * time.Millisecond
 
 // maxMembers bounds the instances remembered; far more than a cluster has.
 const maxMembers = 4096

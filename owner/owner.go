@@ -177,7 +177,12 @@ func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) 
 		}
 		// Only an instance whose lease is listed: an id naming one the
 		// cluster never knew is routed by its record, never by the id.
-		if live, addr := d.members.Status(named); live == Alive && addr != "" {
+		live, addr := d.members.Status(named)
+		if live == Unknown {
+			d.members.RefreshStale(ctx) // it may have started since the last listing
+			live, addr = d.members.Status(named)
+		}
+		if live == Alive && addr != "" {
 			return Owner{ID: named, Addr: addr}, true, false
 		}
 	}
@@ -247,7 +252,7 @@ func (d *Directory) routeTo(ctx context.Context, s Store, id string, o Owner, he
 func (d *Directory) liveness(ctx context.Context, id string) (Liveness, string) {
 	live, addr := d.members.Status(id)
 	if live == Unknown {
-		d.members.Refresh(ctx)
+		d.members.RefreshStale(ctx)
 		if live, addr = d.members.Status(id); live == Unknown {
 			return d.members.Noticed(id), ""
 		}
