@@ -2,7 +2,9 @@ package owner
 
 import (
 	"context"
+	"errors"
 	"testing"
+	"time"
 )
 
 var ownerC = Owner{ID: "cccc", Addr: "10.0.0.3:8080"}
@@ -68,3 +70,78 @@ func TestAnIDNamingAnInstanceThatWasTakenOverReachesTheNewOwner(t *testing.T) {
 	t.Fatal("every attempt went to A, which no longer serves the session; the request waits for queue_timeout and is answered 503")
 }
 
+// lossyLeases applies a renewal and then loses its answer, once.
+type lossyLeases struct {
+	*memLeases
+	lose bool
+}
+
+func (l *lossyLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (bool, error) {
+	stood, err := l.memLeases.Renew(ctx, id, addr, life)
+	if l.lose {
+		l.lose = false
+		return false, errors.New("no answer within 250ms")
+	}
+	return stood, err
+}
+
+// An owner frozen past its lease whose first renewal on waking is applied
+// but unanswered never learns that its lease lapsed: the next renewal
+// finds it standing. It then serves a session another instance took over.
+func TestAResumedOwnerWhoseRenewalAnswerWasLostStillConfirmsBeforeServing(t *testing.T) {
+	ctx := context.Background()
+	s, ml := newMemStore(), newMemLeases(&clock{})
+	ll := &lossyLeases{memLeases: ml}
+	am := NewMembership(ownerA.ID, func() Leases { return ll }, ml.c.now)
+	am.SetAddr(ownerA.Addr)
+	a := NewDirectory(am, 100, time.Hour, ml.c.now)
+	b := leasedDir(ownerB, ml)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	a.Members().Renew(ctx)
+	b.Members().Renew(ctx)
+	// A is frozen; B takes s1 over.
+	lapse(ml, ownerA, b)
+	if o, forward, _ := b.Route(ctx, s, "s1", "", ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("B did not take s1 over: %v, %v", o, forward)
+	}
+	// A wakes: its first renewal is applied, the answer lost.
+	ll.lose = true
+	first := a.Confirm(ctx, s, "s1")
+	// The engine answers A again.
+	ml.c.add(renewEvery)
+	a.Members().Renew(ctx)
+	ml.c.add(verifyDelay)
+	if first && a.Confirm(ctx, s, "s1") {
+		t.Fatal("A would send s1 upstream while B, which took it over, serves it")
+	}
+}
+
+// An owner's entry for its session ages out session_ttl after it was
+// learned, however busy the session; an owner whose lease then lapses
+// serves the session without reading who owns it now.
+func TestAnOwnerWhoseLeaseLapsedConfirmsALongLivedSession(t *testing.T) {
+	ctx := context.Background()
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	// The session is in use for more than session_ttl (an hour here).
+	for range 61 {
+		l.c.add(time.Minute)
+		a.Members().Renew(ctx)
+		b.Members().Renew(ctx)
+		if _, forward, _ := a.Route(ctx, s, "s1", ownerA.ID, ownerA.Addr); forward {
+			t.Fatal("the owner forwarded its own session")
+		}
+	}
+	lapse(l, ownerA, b)
+	if o, forward, _ := b.Route(ctx, s, "s1", "", ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("B did not take s1 over: %v, %v", o, forward)
+	}
+	a.Members().Renew(ctx) // A resumes and learns its lease lapsed
+	l.c.add(verifyDelay)
+	if _, forward, _ := a.Route(ctx, s, "s1", ownerA.ID, ownerA.Addr); !forward && a.Confirm(ctx, s, "s1") {
+		t.Fatal("A serves s1 upstream beside B, which took it over")
+	}
+}
