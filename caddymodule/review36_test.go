@@ -3,13 +3,16 @@ package caddymodule_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/owner"
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
 // Every client learns instance IDs from its session ids. A client that
@@ -71,5 +74,45 @@ func TestAClientsOwnerHeaderNamingAnotherInstanceDoesNotServeTheSessionThere(t *
 	}
 	if p := peak.Load(); p > 1 {
 		t.Fatalf("%d of the session's calls ran upstream at once: the one sent to b with its ID as owner ran beside the owner's", p)
+	}
+}
+
+// A session's record names an owner at an address now held by another
+// program (the owner's pod is gone and its IP given to another service).
+// Whatever answers there must not reach the client as the owner's answer,
+// nor get the client's credentials.
+func TestAnAnswerFromAnotherProgramAtARecordedOwnersAddressIsNotPassedOn(t *testing.T) {
+	_, addr := newUpstream(t, nil)
+	in := startOwnerInstances(t, addr)
+	var sawAuth atomic.Value
+	stranger := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sawAuth.Store(r.Header.Get("Authorization"))
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"from":"stranger"}}`)
+	}))
+	defer stranger.Close()
+	ctx := context.Background()
+	key := "mcp_serializer:" + serializer.StoreKey("moved")
+	gone := owner.Owner{ID: "0123456789abcdef", Addr: strings.TrimPrefix(stranger.URL, "http://")}
+	if err := in.redis.HSet(ctx, key, "open", "1", "deadline", "0", "inflight", "0", "owner", gone.String()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	in.redis.Expire(ctx, key, time.Hour)
+	req, _ := http.NewRequest(http.MethodPost, in.b, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", "moved")
+	req.Header.Set("Authorization", "Bearer secret-token")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(body), "stranger") {
+		t.Fatalf("the client got the other program's answer as its session's: %s %s", resp.Status, body)
+	}
+	if v, _ := sawAuth.Load().(string); v != "" {
+		t.Fatalf("the other program got the client's Authorization %q", v)
 	}
 }
