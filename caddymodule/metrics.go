@@ -73,7 +73,7 @@ func init() {
 	}, []string{"op"})
 	metrics.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "forwards_total",
-		Help: "Requests sent to the instance owning their session (order owner), by result: forwarded (answered by the owner), unreachable (not dialed: taken over), not_owner (the instance there no longer serves the session: taken over), failed (sent, then no answer).",
+		Help: "Requests sent to the instance owning their session (order owner), by result: forwarded (answered by the owner), unreachable (not dialed: tried again while its lease stands), not_owner (the instance there does not serve the session: its owner read again), foreign (answered by something other than the owner: not passed on), failed (sent, then no answer).",
 	}, []string{"result"})
 	metrics.forwardTime = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "forward_seconds",

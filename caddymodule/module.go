@@ -114,8 +114,11 @@ type Handler struct {
 	budget    *bodyBudget      // max_buffered and what is held of it
 	// With order owner: who owns which session, the engine that records
 	// it, and the proxy to the owners; nil otherwise.
-	owners        *owner.Directory
-	ownerStore    ownerStore
+	owners     *owner.Directory
+	ownerStore ownerStore
+	// releaseEngine ends the hold on the state engine's connection that
+	// the handover needs; nil without one.
+	releaseEngine func()
 	forwarder     *reverseproxy.Handler
 	advertise     string
 	engine        stateengine.Engine // nil without state
@@ -218,21 +221,20 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Order == orderOwner {
 		h.owners = pooled.owners
 		h.owners.Members().Start()
-		ctx.OnCancel(h.handOver)
+		if r, ok := h.engine.(stateengine.Retainer); ok {
+			// Open for the handover, whenever Caddy cleans the engine up.
+			h.releaseEngine = r.Retain()
+		}
 	}
 	return nil
 }
 
 // handOver runs when this handler's config stops, after Caddy's servers
-// have finished the requests they had: if no other config uses the session
-// table (Caddy stops, or a reload drops this handler), this instance hands
-// its sessions over and drops its lease, so that the next instance serves
-// them at once and nothing it ran overlaps. It runs before any module's
-// Cleanup, while the state engine is still open.
+// have finished the requests they had, if no other config uses the
+// session table (Caddy stops, or a reload drops this handler): this
+// instance drops its lease and hands its sessions over, so that the next
+// instance serves them at once and nothing it ran overlaps.
 func (h *Handler) handOver() {
-	if refs, _ := tables.References(h.poolKey); refs != 1 {
-		return // a newer config serves the sessions on
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
 	defer cancel()
 	h.owners.Members().Stop(ctx, h.ownerStore)
@@ -466,6 +468,14 @@ func (h *Handler) Cleanup() error {
 		return nil // provisioning failed before the table was taken
 	}
 	h.applied.cleanedUp(h.table, h.generation)
+	if h.owners != nil {
+		if refs, _ := tables.References(h.poolKey); refs == 1 {
+			h.handOver()
+		}
+	}
+	if h.releaseEngine != nil {
+		h.releaseEngine()
+	}
 	_, err := tables.Delete(h.poolKey)
 	return err
 }

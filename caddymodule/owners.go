@@ -101,7 +101,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 	if sentTo := r.Header.Get(ownerHeader); sentTo != "" {
 		r.Header.Del(ownerHeader)
 		w.Header().Set(servedByHeader, h.owners.Self())
-		if h.owners.Serves(id, sentTo) {
+		if h.owners.Serves(r.Context(), h.ownerStore, id, sentTo) {
 			return false, nil
 		}
 		w.Header().Set(notOwnerHeader, "1")
@@ -241,7 +241,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner)
 	repl.Set(placeholderOwner, o.Addr)
 	repl.Set(placeholderOwnerID, o.ID)
 	ow := &ownerReplyWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, header: http.Header{}, sent: time.Now(),
-		ownerID: o.ID, stamped: h.owners.Members().WasListed(o.ID)}
+		ownerID: o.ID}
 	// A forward ends when the owner's lease lapses: a frozen owner, or a
 	// host gone silent under a pooled connection, never answers.
 	parent := r.Context()
@@ -303,9 +303,8 @@ type ownerReplyWriter struct {
 	notOwner bool
 	sent     time.Time // when the request went to the owner
 	ownerID  string    // the owner it went to
-	// stamped: the owner keeps a lease, so its answers carry its ID;
-	// foreign: this one did not, and is held back.
-	stamped, foreign bool
+	// foreign: the answer does not carry ownerID, and is held back.
+	foreign bool
 }
 
 func (w *ownerReplyWriter) Header() http.Header {
@@ -322,11 +321,13 @@ func (w *ownerReplyWriter) WriteHeader(status int) {
 		return
 	case w.notOwner || w.foreign:
 		return
-	case w.stamped && w.header.Get(servedByHeader) != w.ownerID:
-		w.foreign = true
-		return
 	case status == http.StatusMisdirectedRequest && w.header.Get(notOwnerHeader) != "":
+		// Whoever answers so (an instance restarted at the owner's
+		// address, under a new ID) only makes the request route again.
 		w.notOwner = true
+		return
+	case w.header.Get(servedByHeader) != w.ownerID:
+		w.foreign = true
 		return
 	}
 	w.header.Del(servedByHeader)

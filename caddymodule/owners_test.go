@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -141,10 +142,10 @@ func TestRoundRobinConnectsNeverFailWithOrderOwner(t *testing.T) {
 	})
 }
 
-// A session whose owner holds no lease and does not answer (it ran a
-// release without leases, or died before this instance started) waits
-// until that owner has been seen absent for the lock delay; then this
-// instance takes it over in Redis and serves it from then on.
+// A session whose owner never held a lease (it ran a release without
+// leases) is never forwarded to it: it waits until that owner has been
+// seen absent for the lock delay; then this instance takes it over in
+// Redis and serves it from then on.
 func TestASessionWhoseOwnerHoldsNoLeaseAndDoesNotAnswerIsTakenOverAndServedHere(t *testing.T) {
 	up, addr := newUpstream(t, nil)
 	in := startOwnerInstances(t, addr)
@@ -169,8 +170,8 @@ func TestASessionWhoseOwnerHoldsNoLeaseAndDoesNotAnswerIsTakenOverAndServedHere(
 	if n := len(up.requests()); n != 3 {
 		t.Fatalf("upstream saw %d requests, want 3", n)
 	}
-	if n := scrapeMetric(t, in.b, unreachable) - before; n < 1 {
-		t.Fatalf("the dead owner was dialed %v times, want it tried before the takeover", n)
+	if n := scrapeMetric(t, in.b, unreachable) - before; n != 0 {
+		t.Fatalf("the owner that never held a lease was dialed %v times, want never", n)
 	}
 	recorded, _ := in.redis.HGet(ctx, key, "owner").Result()
 	if o, ok := owner.Parse(recorded); !ok || o.ID == dead.ID || o.Addr != strings.TrimPrefix(in.b, "http://") {
@@ -496,4 +497,151 @@ func TestAForwardWhoseClientLeavesMidStreamIsCounted(t *testing.T) {
 	leave()
 	resp.Body.Close()
 	wait.Until(t, "the forward counted", func() bool { return scrapeMetric(t, in.b, forwarded)-before == 1 })
+}
+
+// Every client learns instance IDs from its session ids. A client that
+// sends a session's request straight to another instance with
+// Mcp-Serializer-Owner naming that instance must not get it served
+// there, beside the session's owner.
+func TestAClientsOwnerHeaderNamingAnotherInstanceDoesNotServeTheSessionThere(t *testing.T) {
+	var minted, running, peak atomic.Int64
+	release := make(chan struct{})
+	echo := echoingAnswer(func() string { return fmt.Sprintf("up-%d", minted.Add(1)) })
+	_, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.Header.Get("Mcp-Session-Id") == "up-1" && strings.Contains(string(body), "tools/call") {
+			n := running.Add(1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			select {
+			case <-release:
+			case <-time.After(3 * time.Second):
+			}
+			defer running.Add(-1)
+		}
+		echo(w, r, body)
+	})
+	in := startOwnerInstances(t, addr)
+	ctx := context.Background()
+	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
+	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
+	in.waitForOwnerRecord(t, "up-1")
+	idb, _, ok := owner.SplitOwner(call(ctx, http.DefaultClient, http.MethodPost, in.b, "", initializeBody).header.Get("Mcp-Session-Id"))
+	if !ok {
+		t.Fatal("b's session id names no owner")
+	}
+
+	first := make(chan answer, 1)
+	go func() {
+		first <- call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"slow"}}`)
+	}()
+	for running.Load() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	req, _ := http.NewRequest(http.MethodPost, in.b, strings.NewReader(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"slow"}}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", cid)
+	req.Header.Set("Mcp-Serializer-Owner", idb)
+	second := make(chan *http.Response, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		second <- resp
+	}()
+	wait.Until(t, "the request sent to b answered, or running beside the owner's", func() bool {
+		return len(second) == 1 || running.Load() >= 2
+	})
+	close(release)
+	<-first
+	if resp := <-second; resp != nil {
+		t.Logf("the request with the owner header: %s", resp.Status)
+	}
+	if p := peak.Load(); p > 1 {
+		t.Fatalf("%d of the session's calls ran upstream at once: the one sent to b with its ID as owner ran beside the owner's", p)
+	}
+}
+
+// A session's record names an owner at an address now held by another
+// program (the owner's pod is gone and its IP given to another service),
+// an owner this instance never saw hold a lease. Nothing is sent there:
+// the session is taken over once the owner has been absent for the lock
+// delay, and whatever listens at the address gets neither the request
+// nor the client's credentials.
+func TestAnAnswerFromAnotherProgramAtARecordedOwnersAddressIsNotPassedOn(t *testing.T) {
+	_, addr := newUpstream(t, nil)
+	in := startOwnerInstances(t, addr)
+	var sawAuth atomic.Value
+	stranger := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sawAuth.Store(r.Header.Get("Authorization"))
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"from":"stranger"}}`)
+	}))
+	defer stranger.Close()
+	ctx := context.Background()
+	key := "mcp_serializer:" + serializer.StoreKey("moved")
+	gone := owner.Owner{ID: "0123456789abcdef", Addr: strings.TrimPrefix(stranger.URL, "http://")}
+	if err := in.redis.HSet(ctx, key, "open", "1", "deadline", "0", "inflight", "0", "owner", gone.String()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	in.redis.Expire(ctx, key, time.Hour)
+	req, _ := http.NewRequest(http.MethodPost, in.b, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", "moved")
+	req.Header.Set("Authorization", "Bearer secret-token")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(body), "stranger") {
+		t.Fatalf("the client got the other program's answer as its session's: %s %s", resp.Status, body)
+	}
+	if v, _ := sawAuth.Load().(string); v != "" {
+		t.Fatalf("the other program got the client's Authorization %q", v)
+	}
+}
+
+// A reload that drops an instance's site stops that instance as SIGTERM
+// does: once Caddy has finished its requests, it hands its sessions over
+// (their records name no owner) and ends its lease, so that another
+// instance takes the session over at its next request without waiting
+// for the lease to lapse.
+func TestAnInstanceDroppedByAReloadHandsItsSessionsOver(t *testing.T) {
+	var minted atomic.Int64
+	_, addr := newUpstream(t, echoingAnswer(func() string { return fmt.Sprintf("up-%d", minted.Add(1)) }))
+	in := startOwnerInstances(t, addr)
+	ctx := context.Background()
+	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
+	named, upstreamID, ok := owner.SplitOwner(cid)
+	if !ok {
+		t.Fatalf("a's session id %q names no owner", cid)
+	}
+	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
+	in.waitForOwnerRecord(t, upstreamID)
+
+	// Site a is gone from the new config; b and the front stay.
+	full := in.caddyfile("")
+	start := strings.Index(full, strings.TrimPrefix(in.a, "")+" {")
+	end := strings.Index(full[start:], "\n}\n") + start + 3
+	loadThroughAdmin(t, in.admin, full[:start]+full[end:])
+
+	if o := in.recordField(upstreamID, "owner"); o != "" {
+		t.Fatalf("after a's site was dropped its session's record names %q, want no owner (handed over)", o)
+	}
+	lease, _ := in.redis.HGet(ctx, "mcp_serializer:members", named).Result()
+	if exp, _, _ := strings.Cut(lease, " "); exp == "" {
+		t.Fatalf("a's lease %q", lease)
+	} else if ms, _ := strconv.ParseInt(exp, 10, 64); time.UnixMilli(ms).After(time.Now().Add(-owner.LeaseLife)) {
+		t.Fatalf("a's lease %q still stands, or lapsed less than the lock delay ago", lease)
+	}
+	if a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("2", "tools/list")); a.status != http.StatusOK {
+		t.Fatalf("the session's request at b: %d %s", a.status, a.body)
+	}
+	if n := scrapeMetric(t, in.b, "caddy_mcp_serializer_takeovers_total"); n != 1 {
+		t.Fatalf("b took %v sessions over, want 1", n)
+	}
 }

@@ -11,13 +11,22 @@ import (
 // call is bounded by the engine.
 type Leases interface {
 	// Renew keeps the lease of instance id, reached at addr, for life
-	// more on the engine's clock, and reports whether it stood until now
-	// (false: it lapsed, the engine forgot it, or it is the first).
-	Renew(ctx context.Context, id, addr string, life time.Duration) (stood bool, err error)
-	// Drop ends id's lease.
-	Drop(ctx context.Context, id string) error
-	// Members lists the instances whose leases stand: ID → address.
-	Members(ctx context.Context) (map[string]string, error)
+	// more on the engine's clock, and answers its epoch: 1 for a new
+	// lease, one more each time it had lapsed. An epoch above the last
+	// one seen means the lease lapsed in between, even if the answer of
+	// the renewal that found it lapsed was lost.
+	Renew(ctx context.Context, id, addr string, life time.Duration) (epoch uint64, err error)
+	// Drop ends id's lease as if it had lapsed that long ago.
+	Drop(ctx context.Context, id string, lapsed time.Duration) error
+	// Members lists the leases, those that lapsed within a day included.
+	Members(ctx context.Context) (map[string]Lease, error)
+}
+
+// Lease is an instance's lease as listed.
+type Lease struct {
+	Addr string
+	// Lapsed is how long ago the lease lapsed; 0 while it stands.
+	Lapsed time.Duration
 }
 
 // How leases are kept. An instance renews its lease every renewEvery, so
@@ -64,13 +73,16 @@ type Membership struct {
 	mu                                sync.Mutex
 	self                              string
 	addr                              string
-	held                              bool      // a renewal has succeeded since the last lapse
-	attempt                           time.Time // when the last renewal attempt ended, whatever its answer
-	epoch                             uint64    // how many times the lease was found lapsed
-	lapsedAt                          time.Time // when it was last found lapsed
-	members                           map[string]*member
+	held                              bool // a renewal has succeeded
+	// leaseEpoch is the engine\'s epoch of the lease at the last renewal.
+	leaseEpoch uint64
+	attempt    time.Time // when the last renewal attempt ended, whatever its answer
+	epoch      uint64    // how many times the lease was found lapsed
+	lapsedAt   time.Time // when it was last found lapsed
+	members    map[string]*member
 	// lastListed is when the last listing ended, whatever its answer.
 	lastListed time.Time
+	listings   int           // listings ended, whatever their answer
 	renewing   chan struct{} // closed when the renewal in flight ends; nil for none
 	listing    chan struct{} // likewise for a listing
 
@@ -166,7 +178,7 @@ func (m *Membership) Stop(ctx context.Context, leases Leases) {
 		<-done
 	}
 	if leases != nil {
-		_ = leases.Drop(ctx, m.self)
+		_ = leases.Drop(ctx, m.self, m.delay)
 	}
 }
 
@@ -186,10 +198,11 @@ func (m *Membership) Renew(ctx context.Context) {
 	addr := m.addr
 	m.mu.Unlock()
 
-	stood, err := false, error(nil)
+	var epoch uint64
+	var err error
 	l := m.leases()
 	if l != nil && addr != "" {
-		stood, err = l.Renew(ctx, m.self, addr, m.life)
+		epoch, err = l.Renew(ctx, m.self, addr, m.life)
 	}
 
 	m.mu.Lock()
@@ -197,11 +210,16 @@ func (m *Membership) Renew(ctx context.Context) {
 	switch {
 	case l == nil || addr == "" || err != nil:
 		// Nobody can take a session over without the engine either.
-	case !stood && m.held:
+	case m.held && epoch > m.leaseEpoch:
+		// It lapsed since the last renewal seen: sessions may have been
+		// taken over meanwhile.
 		m.epoch++
 		m.lapsedAt = m.now()
+		m.leaseEpoch = epoch
 	default:
-		m.held = true
+		// The first renewal, or the engine forgot every lease (it
+		// restarted empty): nobody saw this one lapse.
+		m.held, m.leaseEpoch = true, epoch
 	}
 	m.renewing = nil
 	m.mu.Unlock()
@@ -251,7 +269,7 @@ func (m *Membership) Refresh(ctx context.Context) {
 	m.listing = c
 	m.mu.Unlock()
 
-	var listed map[string]string
+	var listed map[string]Lease
 	var err error
 	if l := m.leases(); l != nil {
 		listed, err = l.Members(ctx)
@@ -259,6 +277,7 @@ func (m *Membership) Refresh(ctx context.Context) {
 
 	m.mu.Lock()
 	m.lastListed = m.now()
+	m.listings++
 	if err == nil && listed != nil {
 		m.listed(listed, m.now())
 	}
@@ -273,7 +292,7 @@ func (m *Membership) Refresh(ctx context.Context) {
 // minRelist.
 func (m *Membership) RefreshStale(ctx context.Context) {
 	m.mu.Lock()
-	fresh := m.now().Sub(m.lastListed) < minRelist
+	fresh := m.listings > 0 && m.now().Sub(m.lastListed) < minRelist
 	m.mu.Unlock()
 	if !fresh {
 		m.Refresh(ctx)
@@ -287,8 +306,8 @@ const minRelist = 250 * time.Millisecond
 const maxMembers = 4096
 
 // listed applies a successful listing made at now. Guarded by mu.
-func (m *Membership) listed(listed map[string]string, now time.Time) {
-	for id, addr := range listed {
+func (m *Membership) listed(listed map[string]Lease, now time.Time) {
+	for id, l := range listed {
 		mb := m.members[id]
 		if mb == nil {
 			if len(m.members) >= maxMembers {
@@ -297,18 +316,31 @@ func (m *Membership) listed(listed map[string]string, now time.Time) {
 			mb = &member{}
 			m.members[id] = mb
 		}
-		mb.addr, mb.listed, mb.absent = addr, true, false
+		mb.addr, mb.listed = l.Addr, true
+		switch {
+		case l.Lapsed <= 0:
+			mb.absent = false
+		case !mb.absent:
+			// The engine says how long ago: an instance that meets it
+			// lapsed need not wait the lock delay again.
+			mb.absent, mb.absentSince = true, now.Add(-l.Lapsed)
+		}
+		if mb.absent {
+			mb.absentSeen = now
+		}
 	}
 	for id, mb := range m.members {
 		if _, ok := listed[id]; ok {
 			continue
 		}
+		// Not even lapsed: the engine forgot it (a restart) or it is
+		// long gone.
 		if !mb.absent {
 			mb.absent, mb.absentSince = true, now
 		}
 		mb.absentSeen = now
 		if mb.absentSeen.Sub(mb.absentSince) >= 10*m.delay && len(m.members) >= maxMembers/2 {
-			delete(m.members, id) // long gone: its sessions were taken over
+			delete(m.members, id)
 		}
 	}
 }
@@ -332,6 +364,18 @@ func (m *Membership) Status(id string) (Liveness, string) {
 	return Alive, mb.addr
 }
 
+// Listed reports whether the last listing showed instance id's lease, and
+// the address it names.
+func (m *Membership) Listed(id string) (addr string, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mb := m.members[id]
+	if mb == nil || mb.absent {
+		return "", false
+	}
+	return mb.addr, true
+}
+
 // Noticed starts the clock on an instance named by a record but never
 // listed: if it stays absent for the lock delay, it is lapsed. It returns
 // its liveness now.
@@ -344,15 +388,6 @@ func (m *Membership) Noticed(id string) Liveness {
 	m.mu.Unlock()
 	l, _ := m.Status(id)
 	return l
-}
-
-// WasListed reports whether instance id's lease was ever listed here: an
-// instance that keeps leases stamps its answers.
-func (m *Membership) WasListed(id string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	mb := m.members[id]
-	return mb != nil && mb.listed
 }
 
 func isLoopback(addr string) bool {

@@ -108,6 +108,7 @@ type Directory struct {
 	mu       sync.Mutex
 	known    map[string]known       // by session id
 	learning map[string]*lookupCall // lookups in flight, by session id
+	refused  map[string]string      // by session id: see refusedBy
 }
 
 // lookupCall is one lookup of a session's owner, which the requests of
@@ -141,7 +142,7 @@ func NewDirectory(members *Membership, maxKnown int, ttl time.Duration, now func
 	return &Directory{
 		self: members.Self(), members: members, maxKnown: max(maxKnown, 1), ttl: ttl, now: now,
 		markAfter: markAfter, markLife: markLife,
-		known: map[string]known{}, learning: map[string]*lookupCall{},
+		known: map[string]known{}, learning: map[string]*lookupCall{}, refused: map[string]string{},
 	}
 }
 
@@ -171,24 +172,43 @@ func (d *Directory) Created(id, addr string) {
 // taking the session over).
 func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) (o Owner, forward, wait bool) {
 	o, ok := d.lookup(id)
+	if named != "" && d.refusedBy(id) == named {
+		named = "" // it answered that it does not serve the session
+	}
 	if named != "" && (!ok || o.ID == named) {
 		if named == d.self {
-			return Owner{ID: d.self, Addr: here}, false, false
+			if ok {
+				return o, false, false
+			}
+			// Not known here as ours (it aged out, or the client wrote
+			// this instance's ID itself): the record says whose it is.
+			named = ""
 		}
-		// Only an instance whose lease is listed: an id naming one the
-		// cluster never knew is routed by its record, never by the id.
-		live, addr := d.members.Status(named)
-		if live == Unknown {
+	}
+	if named != "" && (!ok || o.ID == named) {
+		// Only an instance whose lease the last listing showed: an id
+		// naming one the cluster never knew is routed by its record,
+		// never by the id, and so is one that handed its sessions over.
+		addr, listed := d.members.Listed(named)
+		if !listed {
 			d.members.RefreshStale(ctx) // it may have started since the last listing
-			live, addr = d.members.Status(named)
+			addr, listed = d.members.Listed(named)
 		}
-		if live == Alive && addr != "" {
+		if listed {
 			return Owner{ID: named, Addr: addr}, true, false
 		}
 	}
 	if !ok {
 		var found bool
 		if o, found = d.learn(ctx, id, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) }); !found {
+			// No record (the engine restarted empty, or was down when
+			// the session began): a named instance whose lease may
+			// still stand keeps it.
+			if named != "" {
+				if live, addr := d.members.Status(named); live == Alive && addr != "" {
+					return Owner{ID: named, Addr: addr}, true, false
+				}
+			}
 			return Owner{}, false, false
 		}
 	}
@@ -229,21 +249,22 @@ func (d *Directory) routeTo(ctx context.Context, s Store, id string, o Owner, he
 	if o.ID == "" {
 		return d.takeOver(ctx, s, id, o, here)
 	}
-	switch live, addr := d.liveness(ctx, o.ID); live {
-	case Lapsed:
+	live, addr := d.liveness(ctx, o.ID)
+	if live == Lapsed {
 		// Seen lapsed on a listing made now, not one from before its
 		// owner could renew.
 		d.members.Refresh(ctx)
-		if live, _ := d.members.Status(o.ID); live == Lapsed {
+		if live, addr = d.members.Status(o.ID); live == Lapsed {
 			return d.takeOver(ctx, s, id, o, here)
 		}
-		return o, true, false
-	case Alive:
-		if addr != "" {
-			o.Addr = addr // where its lease says, not where it once was
-		}
 	}
-	return o, true, false
+	if live != Alive {
+		// Never listed: what answers at its recorded address may be
+		// anything, so nothing is sent there. It is taken over once it
+		// has been seen absent for the lock delay.
+		return Owner{}, false, true
+	}
+	return Owner{ID: o.ID, Addr: addr}, true, false // where its lease says
 }
 
 // liveness is what this instance knows of owner id's lease, listing the
@@ -305,6 +326,22 @@ func (d *Directory) Unreachable(id string, o Owner) {
 	if k, ok := d.known[id]; ok && k.owner == o {
 		delete(d.known, id)
 	}
+	if len(d.refused) >= d.maxKnown {
+		for other := range d.refused {
+			delete(d.refused, other)
+			break
+		}
+	}
+	d.refused[id] = o.ID
+}
+
+// refusedBy is the instance that last answered that it does not serve
+// session id, so that a client's id naming it does not send the session
+// back there; "" for none.
+func (d *Directory) refusedBy(id string) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.refused[id]
 }
 
 func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner, here string) (Owner, bool, bool) {
@@ -388,12 +425,17 @@ const releaseWorkers = 16
 // cost of no engine call.
 func (d *Directory) Confirm(ctx context.Context, s Store, id string) bool {
 	k, ok := d.entry(id)
-	if !ok || k.owner.ID != d.self {
+	if ok && k.owner.ID != d.self {
 		return true
 	}
 	epoch, lapsedAt := d.members.Current(ctx)
-	if k.epoch >= epoch {
+	if ok && k.epoch >= epoch || !ok && epoch == 0 {
 		return true
+	}
+	if !ok {
+		// Not known here any more (aged out or evicted) after a lapse:
+		// read it as if it were ours.
+		k = known{owner: Owner{ID: d.self, Addr: d.members.Addr()}}
 	}
 	if wait := d.members.VerifyAfter(lapsedAt).Sub(d.now()); wait > 0 {
 		select {
@@ -425,12 +467,19 @@ func (d *Directory) Confirm(ctx context.Context, s Store, id string) bool {
 // Serves reports whether this instance serves a request forwarded to the
 // owner named ownerID: only if that is this instance and it has not
 // learned that another took the session over.
-func (d *Directory) Serves(id, ownerID string) bool {
+func (d *Directory) Serves(ctx context.Context, s Store, id, ownerID string) bool {
 	if ownerID != d.self {
 		return false
 	}
 	o, ok := d.lookup(id)
-	return !ok || o.ID == d.self
+	if !ok {
+		// Not known here (aged out, or a client wrote the header): the
+		// record says; without one, nobody else can serve it either.
+		var found bool
+		o, found = d.learn(ctx, id, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) })
+		return !found || o.ID == "" || o.ID == d.self
+	}
+	return o.ID == d.self
 }
 
 // ExchangeBegan is told that an exchange of session id begins here; the

@@ -76,8 +76,23 @@ var (
 	ownerB = Owner{ID: "bbbb", Addr: "10.0.0.2:8080"}
 )
 
+// newDir is instance self, on clock c, which sees ownerA and ownerB hold
+// leases.
 func newDir(self string, c *clock) *Directory {
-	return NewDirectory(NewMembership(self, noLeases, c.now), 100, time.Hour, c.now)
+	return dirSeeingAAndB(self, c.now)
+}
+
+// newRealDir is newDir on the system clock.
+func newRealDir(self string) *Directory { return dirSeeingAAndB(self, time.Now) }
+
+func dirSeeingAAndB(self string, now func() time.Time) *Directory {
+	l := newMemLeases(&clock{})
+	for _, o := range []Owner{ownerA, ownerB} {
+		l.leases[o.ID] = lease{o.Addr, time.Time{}.Add(1000 * time.Hour), 1}
+	}
+	d := NewDirectory(NewMembership(self, func() Leases { return l }, now), 100, time.Hour, now)
+	d.Members().Refresh(context.Background())
+	return d
 }
 
 func noLeases() Leases { return nil }
@@ -94,41 +109,57 @@ type memLeases struct {
 type lease struct {
 	addr  string
 	until time.Time
+	epoch uint64
 }
 
 func newMemLeases(c *clock) *memLeases { return &memLeases{c: c, leases: map[string]lease{}} }
 
-func (l *memLeases) Renew(_ context.Context, id, addr string, life time.Duration) (bool, error) {
+func (l *memLeases) Renew(_ context.Context, id, addr string, life time.Duration) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.fail != nil {
-		return false, l.fail
+		return 0, l.fail
 	}
 	old, ok := l.leases[id]
-	l.leases[id] = lease{addr, l.c.now().Add(life)}
-	return ok && old.until.After(l.c.now()), nil
+	epoch := uint64(1)
+	if ok {
+		epoch = old.epoch
+		if !old.until.After(l.c.now()) {
+			epoch++
+		}
+	}
+	l.leases[id] = lease{addr, l.c.now().Add(life), epoch}
+	return epoch, nil
 }
 
-func (l *memLeases) Drop(_ context.Context, id string) error {
+func (l *memLeases) Drop(_ context.Context, id string, lapsed time.Duration) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.leases, id)
+	if ls, ok := l.leases[id]; ok {
+		ls.until = l.c.now().Add(-lapsed)
+		l.leases[id] = ls
+	}
 	return l.fail
 }
 
-func (l *memLeases) Members(context.Context) (map[string]string, error) {
+func (l *memLeases) Members(context.Context) (map[string]Lease, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.fail != nil {
 		return nil, l.fail
 	}
-	m := map[string]string{}
+	m := map[string]Lease{}
 	for id, ls := range l.leases {
-		if ls.until.After(l.c.now()) {
-			m[id] = ls.addr
-		}
+		m[id] = Lease{Addr: ls.addr, Lapsed: max(0, l.c.now().Sub(ls.until))}
 	}
 	return m, nil
+}
+
+// forget makes the engine forget every lease, as a restart does.
+func (l *memLeases) forget() {
+	l.mu.Lock()
+	clear(l.leases)
+	l.mu.Unlock()
 }
 
 // leasedDir is an instance whose membership keeps its lease in l.
@@ -138,16 +169,15 @@ func leasedDir(o Owner, l *memLeases) *Directory {
 	return NewDirectory(m, 100, time.Hour, l.c.now)
 }
 
-// lapse lets a's lease lapse and the others see it absent for the lock
-// delay.
+// lapse lets a's lease lapse (a is frozen: it stops renewing) and the
+// others see it lapsed for the lock delay.
 func lapse(l *memLeases, a Owner, others ...*Directory) {
 	for _, d := range others {
 		d.Members().Refresh(context.Background())
 	}
-	l.mu.Lock()
-	delete(l.leases, a.ID)
-	l.mu.Unlock()
+	l.c.add(LeaseLife)
 	for _, d := range others {
+		d.Members().Renew(context.Background())
 		d.Members().Refresh(context.Background())
 	}
 	l.c.add(lockDelay)
@@ -294,9 +324,7 @@ func TestNoOwnerLapsesWhileTheEngineAnswersNobody(t *testing.T) {
 	}
 	l.fail = nil
 	// The engine restarted empty: the owner renews within renewEvery.
-	l.mu.Lock()
-	clear(l.leases)
-	l.mu.Unlock()
+	l.forget()
 	b.Members().Refresh(context.Background())
 	l.c.add(renewEvery)
 	a.Members().Renew(context.Background())
@@ -309,18 +337,26 @@ func TestNoOwnerLapsesWhileTheEngineAnswersNobody(t *testing.T) {
 func TestAnInstanceServesAForwardedRequestOnlyAsTheOwnerItWasSentTo(t *testing.T) {
 	s, c := newMemStore(), &clock{}
 	d := newDir(ownerA.ID, c)
-	if !d.Serves("s1", ownerA.ID) {
+	bg := context.Background()
+	d.Created("s1", ownerA.Addr)
+	if !d.Serves(bg, s, "s1", ownerA.ID) {
 		t.Fatal("refused a request sent to it as owner")
 	}
-	if d.Serves("s1", "restarted") {
+	if d.Serves(bg, s, "s1", "restarted") {
 		t.Fatal("served a request sent to another instance at its address (an earlier process)")
 	}
 	// Another instance took s1 over, and this one learned it.
 	s.owners["s1"] = ownerB.String()
 	d.Forget("s1")
-	d.Route(context.Background(), s, "s1", "", ownerA.Addr)
-	if d.Serves("s1", ownerA.ID) {
+	d.Route(bg, s, "s1", "", ownerA.Addr)
+	if d.Serves(bg, s, "s1", ownerA.ID) {
 		t.Fatal("served a session it knows another instance took over")
+	}
+	// A session it does not know, sent to it by ID (a client can read
+	// instance IDs in its session ids): served only if its record says so.
+	s.owners["s2"] = ownerB.String()
+	if d.Serves(bg, s, "s2", ownerA.ID) {
+		t.Fatal("served another instance's session because the request named this one")
 	}
 }
 
@@ -586,7 +622,7 @@ func nextMark(t *testing.T, r *runningStore) string {
 // elsewhere.
 func TestAnOwnersLongExchangeMarksTheRecordUntilItEnds(t *testing.T) {
 	store := newRunningStore()
-	d := NewDirectory(NewMembership(ownerA.ID, noLeases, nil), 100, time.Hour, nil)
+	d := newRealDir(ownerA.ID)
 	d.markAfter, d.markLife = 10*time.Millisecond, 60*time.Millisecond
 	d.Created("s", ownerA.Addr)
 
@@ -626,7 +662,7 @@ func TestATakenOverSessionWaitsForThePreviousOwnersExchange(t *testing.T) {
 	store.memStore.owners["s"] = ownerA.String()
 	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
 	<-store.marked
-	b := NewDirectory(NewMembership(ownerB.ID, noLeases, nil), 100, time.Hour, nil)
+	b := newRealDir(ownerB.ID)
 	// A's lease lapsed (TestALapsedOwnersSessionIsTakenOverByOneInstanceOnly).
 	if o, forward, _ := b.takeOver(bg, store, "s", ownerA, ownerB.Addr); forward || o != ownerB {
 		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
@@ -662,7 +698,7 @@ func TestTheWaitForAPreviousOwnerEndsAtItsDeadlineOrWithoutAStore(t *testing.T) 
 	store := newRunningStore()
 	store.memStore.owners["s"] = ownerA.String()
 	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
-	b := NewDirectory(NewMembership(ownerB.ID, noLeases, nil), 100, time.Hour, nil)
+	b := newRealDir(ownerB.ID)
 	b.takeOver(bg, store, "s", ownerA, ownerB.Addr)
 	if b.AwaitPrevious(bg, store.get, "s", time.Now().Add(50*time.Millisecond)) {
 		t.Fatal("AwaitPrevious went while the mark had an hour left, past its deadline")
@@ -695,5 +731,144 @@ func TestASessionIDNamingALiveOwnerIsRoutedThereWithoutTheStore(t *testing.T) {
 	// record alone: here, none, so served here and never forwarded.
 	if _, forward, _ := b.Route(context.Background(), s, "s2", "ffffffffffffffff", ownerB.Addr); forward {
 		t.Fatal("forwarded to an instance only the client's id names")
+	}
+}
+
+var ownerC = Owner{ID: "cccc", Addr: "10.0.0.3:8080"}
+
+// A stopping owner drops its lease and hands its sessions over; a request
+// whose id names it must then be taken over at once, as one whose id
+// names nobody is (TestAHandedOverSessionIsTakenOverAtOnce).
+func TestAHandedOverSessionWhoseIDNamesItsOwnerIsTakenOverAtOnce(t *testing.T) {
+	ctx := context.Background()
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	a.Members().Renew(ctx)
+	b.Members().Renew(ctx)
+	b.Members().Refresh(ctx)
+	// SIGTERM: handOver drops the lease, then releases.
+	a.Members().Stop(ctx, l)
+	if n := a.Release(ctx, s); n != 1 {
+		t.Fatalf("Release handed %d sessions over, want 1", n)
+	}
+	b.Members().Refresh(ctx)
+	if o, forward, wait := b.Route(ctx, s, "s1", ownerA.ID, ownerB.Addr); forward || wait || o != ownerB {
+		t.Fatalf("Route = %v, forward %v, wait %v; want taken over at once, not forwarded to the instance that handed it over", o, forward, wait)
+	}
+}
+
+// A session taken over from an owner that then comes back (SIGCONT, a
+// partition healed) still carries the old owner's name in the client's
+// id. Once that owner answers that it does not serve the session, the
+// next attempt must go elsewhere, not to it again until queue_timeout.
+func TestAnIDNamingAnInstanceThatWasTakenOverReachesTheNewOwner(t *testing.T) {
+	ctx := context.Background()
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b, c := leasedDir(ownerA, l), leasedDir(ownerB, l), leasedDir(ownerC, l)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	for _, d := range []*Directory{a, b, c} {
+		d.Members().Renew(ctx)
+	}
+	lapse(l, ownerA, b, c)
+	if o, forward, _ := b.Route(ctx, s, "s1", ownerA.ID, ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("B did not take the lapsed owner's session over: %v, %v", o, forward)
+	}
+	// A resumes and renews; C has not met the session.
+	a.Members().Renew(ctx)
+	l.c.add(verifyDelay)
+	c.Members().Refresh(ctx)
+	for attempt := range 3 {
+		o, forward, _ := c.Route(ctx, s, "s1", ownerA.ID, ownerC.Addr)
+		if !forward {
+			t.Fatalf("attempt %d: served at C", attempt)
+		}
+		if o.ID == ownerB.ID {
+			return
+		}
+		// A answers 421: it learned B took the session over.
+		if a.Serves(context.Background(), s, "s1", o.ID) {
+			a.Confirm(ctx, s, "s1") // 503 owner_moved; A learns B's
+		}
+		c.Unreachable("s1", o)
+	}
+	t.Fatal("every attempt went to A, which no longer serves the session; the request waits for queue_timeout and is answered 503")
+}
+
+// lossyLeases applies a renewal and then loses its answer, once.
+type lossyLeases struct {
+	*memLeases
+	lose bool
+}
+
+func (l *lossyLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, error) {
+	epoch, err := l.memLeases.Renew(ctx, id, addr, life)
+	if l.lose {
+		l.lose = false
+		return 0, errors.New("no answer within 250ms")
+	}
+	return epoch, err
+}
+
+// An owner frozen past its lease whose first renewal on waking is applied
+// but unanswered never learns that its lease lapsed: the next renewal
+// finds it standing. It then serves a session another instance took over.
+func TestAResumedOwnerWhoseRenewalAnswerWasLostStillConfirmsBeforeServing(t *testing.T) {
+	ctx := context.Background()
+	s, ml := newMemStore(), newMemLeases(&clock{})
+	ll := &lossyLeases{memLeases: ml}
+	am := NewMembership(ownerA.ID, func() Leases { return ll }, ml.c.now)
+	am.SetAddr(ownerA.Addr)
+	a := NewDirectory(am, 100, time.Hour, ml.c.now)
+	b := leasedDir(ownerB, ml)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	a.Members().Renew(ctx)
+	b.Members().Renew(ctx)
+	// A is frozen; B takes s1 over.
+	lapse(ml, ownerA, b)
+	if o, forward, _ := b.Route(ctx, s, "s1", "", ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("B did not take s1 over: %v, %v", o, forward)
+	}
+	// A wakes: its first renewal is applied, the answer lost.
+	ll.lose = true
+	first := a.Confirm(ctx, s, "s1")
+	// The engine answers A again.
+	ml.c.add(renewEvery)
+	a.Members().Renew(ctx)
+	ml.c.add(verifyDelay)
+	if first && a.Confirm(ctx, s, "s1") {
+		t.Fatal("A would send s1 upstream while B, which took it over, serves it")
+	}
+}
+
+// An owner's entry for its session ages out session_ttl after it was
+// learned, however busy the session; an owner whose lease then lapses
+// serves the session without reading who owns it now.
+func TestAnOwnerWhoseLeaseLapsedConfirmsALongLivedSession(t *testing.T) {
+	ctx := context.Background()
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	// The session is in use for more than session_ttl (an hour here).
+	for range 61 {
+		l.c.add(time.Minute)
+		a.Members().Renew(ctx)
+		b.Members().Renew(ctx)
+		if _, forward, _ := a.Route(ctx, s, "s1", ownerA.ID, ownerA.Addr); forward {
+			t.Fatal("the owner forwarded its own session")
+		}
+	}
+	lapse(l, ownerA, b)
+	if o, forward, _ := b.Route(ctx, s, "s1", "", ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("B did not take s1 over: %v, %v", o, forward)
+	}
+	a.Members().Renew(ctx) // A resumes and learns its lease lapsed
+	l.c.add(verifyDelay)
+	if _, forward, _ := a.Route(ctx, s, "s1", ownerA.ID, ownerA.Addr); !forward && a.Confirm(ctx, s, "s1") {
+		t.Fatal("A serves s1 upstream beside B, which took it over")
 	}
 }

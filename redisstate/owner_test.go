@@ -188,37 +188,38 @@ func TestRedisRunningMarkOutlastsATakeOverAndIsClearedByItsMaker(t *testing.T) {
 }
 
 // An instance's lease stands while it renews it, on Redis' clock, and is
-// listed with its address; it lapses unrenewed, and a dropped or lapsed
-// lease is reported as not standing at the next renewal.
+// listed with its address. Unrenewed, it lapses and is listed as lapsed,
+// and its next renewal answers a higher epoch; a dropped lease is listed
+// as lapsed as long ago as the drop says.
 func TestRedisLeasesStandWhileRenewedAndLapseOtherwise(t *testing.T) {
 	addr := redistest.Start(t)
 	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
 	store := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
 	ctx := context.Background()
-	if stood, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || stood {
-		t.Fatalf("first Renew = %v, %v; want a new lease", stood, err)
-	}
-	if stood, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || !stood {
-		t.Fatalf("second Renew = %v, %v; want it standing", stood, err)
+	for i := range 2 {
+		if epoch, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || epoch != 1 {
+			t.Fatalf("Renew %d = %v, %v; want epoch 1", i, epoch, err)
+		}
 	}
 	if _, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	members, err := store.Members(ctx)
-	if err != nil || members["aaaa"] != "10.0.0.1:8080" {
+	if err != nil || members["aaaa"].Addr != "10.0.0.1:8080" || members["aaaa"].Lapsed != 0 {
 		t.Fatalf("Members = %v, %v", members, err)
 	}
 	wait.Until(t, "the unrenewed lease lapsed", func() bool {
 		m, err := store.Members(ctx)
-		return err == nil && m["bbbb"] == "" && m["aaaa"] != ""
+		return err == nil && m["bbbb"].Lapsed > 0 && m["aaaa"].Lapsed == 0
 	})
-	if stood, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", time.Hour); err != nil || stood {
-		t.Fatalf("Renew after the lapse = %v, %v; want it reported lapsed", stood, err)
+	if epoch, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", time.Hour); err != nil || epoch != 2 {
+		t.Fatalf("Renew after the lapse = %v, %v; want epoch 2", epoch, err)
 	}
-	if err := store.Drop(ctx, "aaaa"); err != nil {
+	if err := store.Drop(ctx, "aaaa", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := store.Members(ctx); err != nil || len(m) != 1 || m["bbbb"] != "10.0.0.2:8080" {
+	m, err := store.Members(ctx)
+	if err != nil || m["aaaa"].Lapsed < time.Minute || m["bbbb"].Lapsed != 0 {
 		t.Fatalf("Members after a drop = %v, %v", m, err)
 	}
 }

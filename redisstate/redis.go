@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -287,6 +288,21 @@ func (r *Engine) Cleanup() error {
 	return err
 }
 
+// Retain keeps the shared client open until release, whatever order
+// Caddy cleans modules up in (stateengine.Retainer).
+func (r *Engine) Retain() (release func()) {
+	if r.poolKey == "" {
+		return func() {}
+	}
+	if _, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
+		return nil, errors.New("the client is gone")
+	}); err != nil {
+		return func() {}
+	}
+	var once sync.Once
+	return func() { once.Do(func() { _, _ = redisClients.Delete(r.poolKey) }) }
+}
+
 // Abilities: writes in batches (one pipeline), and session owners taken
 // over and claimed.
 func (r *Engine) Abilities() stateengine.Abilities {
@@ -396,41 +412,63 @@ func (r *Engine) RunningFor(ctx context.Context, key string) (time.Duration, err
 }
 
 // The instances' leases are one hash, membersKey: field the instance ID,
-// value "<expiry, unix ms on Redis' clock> <address>", so that listing
-// them is one call and no instance's clock matters.
+// value "<expiry, unix ms on Redis' clock> <epoch> <address>", so that
+// listing them is one call and no instance's clock matters. A lease that
+// lapsed stays listed as lapsed for membersLife (a tombstone), so that an
+// instance started after another died knows it held a lease.
 const membersKey = "members"
 
-// membersLife is how long the leases' hash outlives the last renewal.
+// membersLife is how long the leases' hash, and a lapsed lease in it,
+// outlive their last renewal.
 const membersLife = 24 * time.Hour
 
 // renewLeaseScript keeps the lease ARGV[1] (address ARGV[2]) for ARGV[3]
-// ms more, and answers 1 if it stood until now.
+// ms more and answers its epoch: 1 for a new lease, one more than before
+// if it had lapsed.
 var renewLeaseScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local old = redis.call('HGET', KEYS[1], ARGV[1])
-local stood = 0
+local epoch = 1
 if old then
-  local exp = tonumber(string.match(old, '^(%d+) '))
-  if exp and exp > now then stood = 1 end
+  local exp, ep = string.match(old, '^(%d+) (%d+) ')
+  if ep then
+    epoch = tonumber(ep)
+    if tonumber(exp) <= now then epoch = epoch + 1 end
+  end
 end
-redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[3])) .. ' ' .. ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[3])) .. ' ' .. epoch .. ' ' .. ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return stood
+return epoch
 `)
 
-// membersScript lists the leases that stand as ID, address pairs, and
-// removes those that lapsed.
+// dropLeaseScript ends the lease ARGV[1] as if it had lapsed ARGV[2] ms
+// ago: the others take what it still owns over at once.
+var dropLeaseScript = redis.NewScript(`
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if not old then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local exp, rest = string.match(old, '^(%d+) (.*)$')
+if not rest then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], (now - tonumber(ARGV[2])) .. ' ' .. rest)
+return 1
+`)
+
+// membersScript lists the leases as ID, address, ms since it lapsed (0
+// while it stands), and removes those lapsed longer than ARGV[1] ms.
 var membersScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local all = redis.call('HGETALL', KEYS[1])
 local out = {}
 for i = 1, #all, 2 do
-  local exp, addr = string.match(all[i + 1], '^(%d+) (.*)$')
-  if exp and tonumber(exp) > now then
+  local exp, addr = string.match(all[i + 1], '^(%d+) %d+ (.*)$')
+  exp = tonumber(exp)
+  if exp and now - exp <= tonumber(ARGV[1]) then
     out[#out + 1] = all[i]
     out[#out + 1] = addr
+    out[#out + 1] = tostring(math.max(0, now - exp))
   else
     redis.call('HDEL', KEYS[1], all[i])
   end
@@ -439,26 +477,28 @@ return out
 `)
 
 // RenewLease keeps instance id's lease (stateengine.Abilities.RenewLease).
-func (r *Engine) RenewLease(ctx context.Context, id, addr string, life time.Duration) (bool, error) {
+func (r *Engine) RenewLease(ctx context.Context, id, addr string, life time.Duration) (uint64, error) {
 	n, err := renewLeaseScript.Run(ctx, r.client, []string{r.KeyPrefix + membersKey}, id, addr,
 		life.Milliseconds(), membersLife.Milliseconds()).Int64()
-	return n == 1, err
+	return uint64(n), err
 }
 
-// DropLease ends instance id's lease (stateengine.Abilities.DropLease).
-func (r *Engine) DropLease(ctx context.Context, id string) error {
-	return r.client.HDel(ctx, r.KeyPrefix+membersKey, id).Err()
+// DropLease ends instance id's lease as lapsed long enough ago for its
+// sessions to be taken over at once (stateengine.Abilities.DropLease).
+func (r *Engine) DropLease(ctx context.Context, id string, lapsed time.Duration) error {
+	return dropLeaseScript.Run(ctx, r.client, []string{r.KeyPrefix + membersKey}, id, lapsed.Milliseconds()).Err()
 }
 
-// Members lists the leases that stand (stateengine.Abilities.Members).
-func (r *Engine) Members(ctx context.Context) (map[string]string, error) {
-	pairs, err := membersScript.Run(ctx, r.client, []string{r.KeyPrefix + membersKey}).StringSlice()
+// Members lists the leases (stateengine.Abilities.Members).
+func (r *Engine) Members(ctx context.Context) (map[string]stateengine.Lease, error) {
+	fields, err := membersScript.Run(ctx, r.client, []string{r.KeyPrefix + membersKey}, membersLife.Milliseconds()).StringSlice()
 	if err != nil {
 		return nil, err
 	}
-	m := make(map[string]string, len(pairs)/2)
-	for i := 0; i+1 < len(pairs); i += 2 {
-		m[pairs[i]] = pairs[i+1]
+	m := make(map[string]stateengine.Lease, len(fields)/3)
+	for i := 0; i+2 < len(fields); i += 3 {
+		ms, _ := strconv.ParseInt(fields[i+2], 10, 64)
+		m[fields[i]] = stateengine.Lease{Addr: fields[i+1], Lapsed: time.Duration(ms) * time.Millisecond}
 	}
 	return m, nil
 }

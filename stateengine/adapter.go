@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
+	"github.com/mcpserializer/caddy-mcp-serializer/owner"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
@@ -215,33 +216,38 @@ func (s *Adapter) RunningFor(ctx context.Context, id string) (time.Duration, err
 }
 
 // Renew keeps instance id's lease (owner.Leases).
-func (s *Adapter) Renew(ctx context.Context, id, addr string, life time.Duration) (bool, error) {
+func (s *Adapter) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, error) {
 	if s.abilities.RenewLease == nil {
-		return false, errNoOwners
+		return 0, errNoOwners
 	}
-	return bounded(s, ctx, OpRenewLease, "", "", func(ctx context.Context, _ string) (bool, error) {
+	return bounded(s, ctx, OpRenewLease, "", "", func(ctx context.Context, _ string) (uint64, error) {
 		return s.abilities.RenewLease(ctx, id, addr, life)
 	})
 }
 
-// Drop ends instance id's lease (owner.Leases).
-func (s *Adapter) Drop(ctx context.Context, id string) error {
+// Drop ends instance id's lease as lapsed that long ago (owner.Leases).
+func (s *Adapter) Drop(ctx context.Context, id string, lapsed time.Duration) error {
 	if s.abilities.DropLease == nil {
 		return errNoOwners
 	}
 	_, err := bounded(s, ctx, OpDropLease, "", "", func(ctx context.Context, _ string) (struct{}, error) {
-		return struct{}{}, s.abilities.DropLease(ctx, id)
+		return struct{}{}, s.abilities.DropLease(ctx, id, lapsed)
 	})
 	return err
 }
 
-// Members lists the instances whose leases stand (owner.Leases).
-func (s *Adapter) Members(ctx context.Context) (map[string]string, error) {
+// Members lists the instances' leases (owner.Leases).
+func (s *Adapter) Members(ctx context.Context) (map[string]owner.Lease, error) {
 	if s.abilities.Members == nil {
 		return nil, errNoOwners
 	}
-	return bounded(s, ctx, OpMembers, "", "", func(ctx context.Context, _ string) (map[string]string, error) {
-		return s.abilities.Members(ctx)
+	return bounded(s, ctx, OpMembers, "", "", func(ctx context.Context, _ string) (map[string]owner.Lease, error) {
+		listed, err := s.abilities.Members(ctx)
+		m := make(map[string]owner.Lease, len(listed))
+		for id, l := range listed {
+			m[id] = owner.Lease{Addr: l.Addr, Lapsed: l.Lapsed}
+		}
+		return m, err
 	})
 }
 

@@ -53,6 +53,14 @@ type Engine interface {
 	Lookup(ctx context.Context, key string) (rec serializer.Record, found bool, err error)
 }
 
+// Retainer is an Engine whose connection a handler can keep open past the
+// engine's own Cleanup: Caddy cleans a stopping config's modules up in no
+// set order, and order owner still writes its handover then. release ends
+// the hold; it may be called more than once.
+type Retainer interface {
+	Retain() (release func())
+}
+
 // Abilities is what an engine can do beyond one call per write and
 // lookup. The zero value is an engine that can do nothing more.
 type Abilities struct {
@@ -85,11 +93,20 @@ type Abilities struct {
 	// RenewLease, DropLease and Members, when set, keep the instances'
 	// leases (package owner's Leases): RenewLease keeps instance id's
 	// lease, reached at addr, for life more on the engine's clock and
-	// reports whether it stood until now; Members lists the leases that
-	// stand, ID → address. Order owner needs them.
-	RenewLease func(ctx context.Context, id, addr string, life time.Duration) (stood bool, err error)
-	DropLease  func(ctx context.Context, id string) error
-	Members    func(ctx context.Context) (map[string]string, error)
+	// answers its epoch (1 for a new lease, one more each time it had
+	// lapsed); DropLease ends it as lapsed that long ago; Members lists
+	// the leases, those that lapsed within a day included. Order owner
+	// needs them.
+	RenewLease func(ctx context.Context, id, addr string, life time.Duration) (epoch uint64, err error)
+	DropLease  func(ctx context.Context, id string, lapsed time.Duration) error
+	Members    func(ctx context.Context) (map[string]Lease, error)
+}
+
+// Lease is an instance's lease as Members lists it.
+type Lease struct {
+	Addr string
+	// Lapsed is how long ago the lease lapsed; 0 while it stands.
+	Lapsed time.Duration
 }
 
 // Op is one call to an engine, the value of the op label of
