@@ -48,6 +48,10 @@ const (
 	placeholderOwnerID = "http.mcp.owner_id" // that owner's instance ID
 )
 
+// statusClientClosed is what Caddy's reverse proxy writes when the
+// request's context ends before an answer.
+const statusClientClosed = 499
+
 // forwardDialTimeout bounds the dial to an owner; forwardRetryEvery is
 // how often a request whose owner's lease stands but could not be reached
 // tries again, within queue_timeout.
@@ -282,7 +286,8 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner)
 				zap.String("owner", o.Addr), zap.Error(err), zap.Int("suppressed", suppressed))
 		}
 		return forwardUnreachable, nil
-	case !ow.wrote && err != nil:
+	case !ow.wrote:
+		// Cut, or failed, before any answer was passed on.
 		metrics.forwards.WithLabelValues("failed").Inc()
 		if parent.Err() != nil {
 			return forwardAnswered, nil // the client left: nothing to answer
@@ -303,8 +308,9 @@ type ownerReplyWriter struct {
 	notOwner bool
 	sent     time.Time // when the request went to the owner
 	ownerID  string    // the owner it went to
-	// foreign: the answer does not carry ownerID, and is held back.
-	foreign bool
+	// foreign: the answer does not carry ownerID, and is held back; cut:
+	// the forward was cut before any answer.
+	foreign, cut bool
 }
 
 func (w *ownerReplyWriter) Header() http.Header {
@@ -319,7 +325,12 @@ func (w *ownerReplyWriter) WriteHeader(status int) {
 	case w.wrote:
 		w.ResponseWriter.WriteHeader(status)
 		return
-	case w.notOwner || w.foreign:
+	case w.notOwner || w.foreign || w.cut:
+		return
+	case status == statusClientClosed && w.header.Get(servedByHeader) == "":
+		// The proxy's own record of a cut forward (the client left, or
+		// the owner's lease lapsed), not an answer.
+		w.cut = true
 		return
 	case status == http.StatusMisdirectedRequest && w.header.Get(notOwnerHeader) != "":
 		// Whoever answers so (an instance restarted at the owner's
@@ -342,7 +353,7 @@ func (w *ownerReplyWriter) WriteHeader(status int) {
 }
 
 func (w *ownerReplyWriter) Write(b []byte) (int, error) {
-	if w.notOwner || w.foreign {
+	if w.notOwner || w.foreign || w.cut {
 		return len(b), nil
 	}
 	if !w.wrote {

@@ -40,6 +40,16 @@ const (
 	overlapWait = 2 * time.Minute
 )
 
+// stoppingInstanceFront lets the front send a POST again when the
+// connection it picked broke before the request was sent: an instance
+// stopping gracefully closes its idle keep-alive connections, and one the
+// front had just picked fails the write (an AWS ALB's deregistration delay
+// avoids the same race by sending nothing new to a draining target).
+const stoppingInstanceFront = `
+lb_retry_match {
+	method POST
+}`
+
 // startOverlapCluster starts three instances with `state redis` on r
 // behind a round-robin Caddy front that leaves a stopped instance out,
 // their PHP-FPM pools counting each session's requests at once, and a
@@ -49,7 +59,7 @@ func startOverlapCluster(t *testing.T, r *redisServer) *cluster {
 	return startOwnerCluster(t, clusterOptions{
 		State:        redisState(r),
 		Balancer:     caddyRoundRobin,
-		Front:        deadInstanceFront,
+		Front:        deadInstanceFront + stoppingInstanceFront,
 		ProgressMS:   int(overlapStep / time.Millisecond),
 		PHPWorkers:   6,
 		CountOverlap: true,

@@ -203,10 +203,17 @@ func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) 
 		if o, found = d.learn(ctx, id, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) }); !found {
 			// No record (the engine restarted empty, or was down when
 			// the session began): a named instance whose lease may
-			// still stand keeps it.
+			// still stand keeps it, and one whose lease lapsed (it
+			// stopped or died) is replaced by the first instance to
+			// claim the session, so that the others forward to it.
 			if named != "" {
-				if live, addr := d.members.Status(named); live == Alive && addr != "" {
+				switch live, addr := d.members.Status(named); {
+				case live == Alive && addr != "":
 					return Owner{ID: named, Addr: addr}, true, false
+				case live == Lapsed:
+					if c, ok := s.(Claimer); ok {
+						return d.claimLost(ctx, c, id, here)
+					}
 				}
 			}
 			return Owner{}, false, false
@@ -375,6 +382,31 @@ func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner
 		return o, false, false
 	}
 	return d.routeTo(ctx, s, id, o, here)
+}
+
+// claimLost makes this instance the owner of session id, whose record is
+// gone and whose owner's lease lapsed, unless another instance claimed it
+// first; it says where the request goes, as Route does.
+func (d *Directory) claimLost(ctx context.Context, c Claimer, id, here string) (Owner, bool, bool) {
+	if here == "" {
+		return Owner{}, false, false
+	}
+	d.members.SetAddr(here)
+	me := Owner{ID: d.self, Addr: here}
+	rec, err := c.Claim(ctx, id, me.String())
+	if err != nil {
+		return Owner{}, false, true
+	}
+	o, ok := Parse(rec)
+	if !ok {
+		return Owner{}, false, true
+	}
+	d.remember(id, o)
+	if o == me {
+		d.takeovers.Add(1)
+		return o, false, false
+	}
+	return d.routeTo(ctx, c, id, o, here)
 }
 
 // Release hands every session this instance owns over: each record then

@@ -872,3 +872,25 @@ func TestAnOwnerWhoseLeaseLapsedConfirmsALongLivedSession(t *testing.T) {
 		t.Fatal("A serves s1 upstream beside B, which took it over")
 	}
 }
+
+// The engine restarted empty, and the owner a session's id names has since
+// stopped: the first instance to meet the session claims it, and the
+// others forward to it instead of each serving it.
+func TestALostRecordOfALapsedOwnerIsClaimedByOneInstance(t *testing.T) {
+	bg := context.Background()
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b, c := leasedDir(ownerA, l), leasedDir(ownerB, l), leasedDir(ownerC, l)
+	for _, d := range []*Directory{a, b, c} {
+		d.Members().Renew(bg)
+	}
+	a.Members().Stop(bg, l) // no record to hand over: the engine forgot it
+	b.Members().Refresh(bg)
+	c.Members().Refresh(bg)
+	o, forward, _ := b.Route(bg, s, "s1", ownerA.ID, ownerB.Addr)
+	if forward || o != ownerB {
+		t.Fatalf("first to meet it: %v, %v; want claimed and served here", o, forward)
+	}
+	if o, forward, _ := c.Route(bg, s, "s1", ownerA.ID, ownerC.Addr); !forward || o.ID != ownerB.ID {
+		t.Fatalf("second to meet it: %v, %v; want forwarded to %v", o, forward, ownerB)
+	}
+}
