@@ -148,8 +148,10 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 					"the instance serving this MCP session failed before it answered; the request may have reached the MCP server", reqID)
 			case forwardNotOwner:
 				sent = unread
+				h.owners.NotOwner(id, o)
+			default:
+				h.owners.Unreachable(id, o)
 			}
-			h.owners.Unreachable(id, o)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {

@@ -172,7 +172,8 @@ func (d *Directory) Created(id, addr string) {
 // taking the session over).
 func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) (o Owner, forward, wait bool) {
 	o, ok := d.lookup(id)
-	if named != "" && d.refusedBy(id) == named {
+	refused := named != "" && d.refusedBy(id) == named
+	if refused {
 		named = "" // it answered that it does not serve the session
 	}
 	if named != "" && (!ok || o.ID == named) {
@@ -206,15 +207,15 @@ func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) 
 			// still stand keeps it, and one whose lease lapsed (it
 			// stopped or died) is replaced by the first instance to
 			// claim the session, so that the others forward to it.
+			live, addr := Unknown, ""
 			if named != "" {
-				switch live, addr := d.members.Status(named); {
-				case live == Alive && addr != "":
-					return Owner{ID: named, Addr: addr}, true, false
-				case live == Lapsed:
-					if c, ok := s.(Claimer); ok {
-						return d.claimLost(ctx, c, id, here)
-					}
-				}
+				live, addr = d.members.Status(named)
+			}
+			switch c, claims := s.(Claimer); {
+			case live == Alive && addr != "":
+				return Owner{ID: named, Addr: addr}, true, false
+			case (live == Lapsed || refused) && claims:
+				return d.claimLost(ctx, c, id, here)
 			}
 			return Owner{}, false, false
 		}
@@ -322,17 +323,26 @@ func (d *Directory) learn(ctx context.Context, id string, ask func(context.Conte
 	return c.owner, c.ok
 }
 
-// Unreachable is told that a request forwarded to o did not reach it as
-// owner: refused or timed out before it was sent, or o answered that it
-// does not serve session id. What is known of the session is dropped, so
-// that the next Route reads its record again: o may have handed it over
-// or been taken over; while o's lease stands, the request waits.
+// Unreachable is told that a request forwarded to o did not reach it:
+// refused or timed out before it was sent. What is known of the session
+// is dropped, so that the next Route reads its record again: o may have
+// handed it over or been taken over; while o's lease stands, the request
+// waits.
 func (d *Directory) Unreachable(id string, o Owner) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if k, ok := d.known[id]; ok && k.owner == o {
 		delete(d.known, id)
 	}
+}
+
+// NotOwner is told that o answered that it does not serve session id: as
+// Unreachable, and a client's id naming o no longer sends the session
+// there.
+func (d *Directory) NotOwner(id string, o Owner) {
+	d.Unreachable(id, o)
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if len(d.refused) >= d.maxKnown {
 		for other := range d.refused {
 			delete(d.refused, other)

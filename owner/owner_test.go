@@ -792,7 +792,7 @@ func TestAnIDNamingAnInstanceThatWasTakenOverReachesTheNewOwner(t *testing.T) {
 		if a.Serves(context.Background(), s, "s1", o.ID) {
 			a.Confirm(ctx, s, "s1") // 503 owner_moved; A learns B's
 		}
-		c.Unreachable("s1", o)
+		c.NotOwner("s1", o)
 	}
 	t.Fatal("every attempt went to A, which no longer serves the session; the request waits for queue_timeout and is answered 503")
 }
@@ -892,5 +892,51 @@ func TestALostRecordOfALapsedOwnerIsClaimedByOneInstance(t *testing.T) {
 	}
 	if o, forward, _ := c.Route(bg, s, "s1", ownerA.ID, ownerC.Addr); !forward || o.ID != ownerB.ID {
 		t.Fatalf("second to meet it: %v, %v; want forwarded to %v", o, forward, ownerB)
+	}
+}
+
+// A session whose record is gone (the engine restarted empty) and whose
+// named owner could not be dialed (it is stopping, finishing its
+// requests) is not served here: its requests keep going to the owner
+// while its lease stands.
+func TestAFailedDialToANamedOwnerWithoutARecordKeepsTheRequestWaiting(t *testing.T) {
+	bg := context.Background()
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Members().Renew(bg)
+	b.Members().Refresh(bg)
+	for attempt := range 3 {
+		o, forward, wait := b.Route(bg, s, "s1", ownerA.ID, ownerB.Addr)
+		if !forward && !wait {
+			t.Fatalf("attempt %d: served here while the owner's lease stands", attempt)
+		}
+		b.Unreachable("s1", o)
+	}
+}
+
+// The engine restarted empty, and the instance now at the named owner's
+// address is a new process that answers it does not serve the session:
+// the session is claimed by one instance, not served by each.
+func TestALostRecordWhoseNamedOwnerAnswersNotOwnerIsClaimedByOneInstance(t *testing.T) {
+	bg := context.Background()
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b, c := leasedDir(ownerA, l), leasedDir(ownerB, l), leasedDir(ownerC, l)
+	for _, d := range []*Directory{a, b, c} {
+		d.Members().Renew(bg)
+		d.Members().Refresh(bg)
+	}
+	for _, d := range []*Directory{b, c} {
+		o, forward, _ := d.Route(bg, s, "s1", ownerA.ID, d.Members().Addr())
+		if !forward || o.ID != ownerA.ID {
+			t.Fatalf("%v, %v; want forwarded to the named owner", o, forward)
+		}
+		d.NotOwner("s1", o) // a process restarted at A's address answers 421
+	}
+	o, forward, _ := b.Route(bg, s, "s1", ownerA.ID, ownerB.Addr)
+	if forward || o != ownerB {
+		t.Fatalf("first after the 421: %v, %v; want claimed and served here", o, forward)
+	}
+	if o, forward, _ := c.Route(bg, s, "s1", ownerA.ID, ownerC.Addr); !forward || o.ID != ownerB.ID {
+		t.Fatalf("second after the 421: %v, %v; want forwarded to %v", o, forward, ownerB)
 	}
 }
