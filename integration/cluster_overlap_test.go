@@ -44,8 +44,10 @@ const (
 // connection it picked broke before the request was sent: an instance
 // stopping gracefully closes its idle keep-alive connections, and one the
 // front had just picked fails the write (an AWS ALB's deregistration delay
-// avoids the same race by sending nothing new to a draining target).
+// avoids the same race by sending nothing new to a draining target). The
+// body is buffered so that it can be sent again.
 const stoppingInstanceFront = `
+request_buffers 64KiB
 lb_retry_match {
 	method POST
 }`
