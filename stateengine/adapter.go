@@ -317,9 +317,11 @@ func bounded[T any](s *Adapter, ctx context.Context, op Op, id, key string, call
 func (s *Adapter) failed(op Op, id string, err error) {
 	s.errors[op].Inc()
 	if ok, suppressed := s.warns[op].Allow(s.now()); ok {
-		s.logger.Warn("shared session state unavailable; this instance carries on with what it knows",
-			zap.Stringer("op", op), zap.String("session", serializer.SessionHash(id)),
-			zap.Int("suppressed", suppressed), zap.Error(err))
+		fields := []zap.Field{zap.Stringer("op", op), zap.Int("suppressed", suppressed), zap.Error(err)}
+		if id != "" { // a lease's call concerns no session
+			fields = append(fields, zap.String("session", serializer.SessionHash(id)))
+		}
+		s.logger.Warn("shared session state unavailable; this instance carries on with what it knows", fields...)
 	}
 }
 
