@@ -297,7 +297,7 @@ func TestAnInitializeWaitsForItsKeysPreviousOwnersExchange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := in.redis.HSet(ctx, record, "owner", dead.String(), "running", now.UnixMilli()+1500, "running_by", dead.String()).Err(); err != nil {
+	if err := in.redis.HSet(ctx, record, "open", "1", "deadline", "0", "inflight", "0", "owner", dead.String(), "running", now.UnixMilli()+1500, "running_by", dead.String()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	in.redis.Expire(ctx, record, time.Hour)

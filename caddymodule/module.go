@@ -220,6 +220,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.applied.provisioned(h.generation, cfg)
 	if h.Order == orderOwner {
 		h.owners = pooled.owners
+		h.owners.SetTTL(cfg.SessionTTL)
 		h.owners.Members().Start()
 		if r, ok := h.engine.(stateengine.Retainer); ok {
 			// Open for the handover, whenever Caddy cleans the engine up.

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"net/http"
 	"sync"
 	"time"
@@ -88,5 +89,16 @@ func (h *Handler) awaitProof(r *http.Request, info *requestInfo) (unproven seria
 func (h *Handler) answered(password string, status int) {
 	if password != "" && status >= 200 && status <= 299 {
 		h.proven.accepted(password, time.Now().Add(h.settings.SessionTTL))
+	}
+}
+
+// keyAnswered claims, with order owner, the key of a request the upstream
+// answered with a 2xx: a key costs the state engine nothing before.
+func (h *Handler) keyAnswered(r *http.Request, info *requestInfo, status int) {
+	if h.owners == nil || status < 200 || status > 299 {
+		return
+	}
+	if id, keyed := info.owned(); keyed {
+		h.owners.KeyAnswered(context.WithoutCancel(r.Context()), h.ownerStore, id, h.hereAddr(r))
 	}
 }

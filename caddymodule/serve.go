@@ -172,6 +172,7 @@ func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, n
 	defer ended()
 	status, err := h.sessionlessExchange(w, r, next)
 	h.answered(password, status)
+	h.keyAnswered(r, info, status)
 	return err
 }
 
@@ -242,6 +243,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	err = next.ServeHTTP(ew, upstreamRequest(r, info))
 	ew.settleStatus(err)
 	h.answered(password, ew.status)
+	h.keyAnswered(r, info, ew.status)
 	return err
 }
 

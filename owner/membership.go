@@ -2,6 +2,7 @@ package owner
 
 import (
 	"context"
+	"hash/fnv"
 	"net"
 	"sync"
 	"time"
@@ -35,13 +36,13 @@ type Lease struct {
 // for lockDelay, which a live instance would have used to renew it after
 // an engine restart (Chubby's lock-delay).
 const (
-	LeaseLife  = 5 * time.Second
+	LeaseLife  = 3 * time.Second
 	renewEvery = time.Second
 	lockDelay  = LeaseLife
 	// staleAfter: an instance whose last renewal attempt is older than
 	// this was frozen (or its loop starved) and renews before it sends
 	// anything more upstream.
-	staleAfter = 3 * renewEvery
+	staleAfter = 2 * renewEvery
 	// verifyDelay: after its lease lapsed, an instance waits this long
 	// before it reads who owns its sessions, so that a takeover decided
 	// on a listing from before its renewal has landed.
@@ -362,6 +363,35 @@ func (m *Membership) Status(id string) (Liveness, string) {
 		return Unknown, ""
 	}
 	return Alive, mb.addr
+}
+
+// Rendezvous is the instance a key's value hashes to among this instance
+// and those the last listing showed live: the one with the highest hash
+// of the value and its ID. The zero Owner if none has an address.
+func (m *Membership) Rendezvous(key string) Owner {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var best Owner
+	var bestScore uint64
+	consider := func(id, addr string) {
+		if addr == "" {
+			return
+		}
+		h := fnv.New64a()
+		h.Write([]byte(key))
+		h.Write([]byte{0})
+		h.Write([]byte(id))
+		if score := h.Sum64(); best.ID == "" || score > bestScore || score == bestScore && id > best.ID {
+			best, bestScore = Owner{ID: id, Addr: addr}, score
+		}
+	}
+	consider(m.self, m.addr)
+	for id, mb := range m.members {
+		if !mb.absent && id != m.self {
+			consider(id, mb.addr)
+		}
+	}
+	return best
 }
 
 // Listed reports whether the last listing showed instance id's lease, and

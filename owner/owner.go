@@ -98,7 +98,7 @@ type Directory struct {
 	self     string // this instance's ID
 	members  *Membership
 	maxKnown int
-	ttl      time.Duration
+	ttl      atomic.Int64 // session_ttl, in ns: SetTTL
 	now      func() time.Time
 
 	takeovers atomic.Int64
@@ -139,15 +139,24 @@ func NewDirectory(members *Membership, maxKnown int, ttl time.Duration, now func
 	if now == nil {
 		now = time.Now
 	}
-	return &Directory{
-		self: members.Self(), members: members, maxKnown: max(maxKnown, 1), ttl: ttl, now: now,
+	d := &Directory{
+		self: members.Self(), members: members, maxKnown: max(maxKnown, 1), now: now,
 		markAfter: markAfter, markLife: markLife,
 		known: map[string]known{}, learning: map[string]*lookupCall{}, refused: map[string]string{},
 	}
+	d.SetTTL(ttl)
+	return d
 }
 
 // Self is this instance's ID.
 func (d *Directory) Self() string { return d.self }
+
+// SetTTL is told the session_ttl of a config being loaded: a reload may
+// shorten it, and a key's owner must claim again within its record's
+// life.
+func (d *Directory) SetTTL(ttl time.Duration) { d.ttl.Store(int64(ttl)) }
+
+func (d *Directory) sessionTTL() time.Duration { return time.Duration(d.ttl.Load()) }
 
 // Members is this instance's membership.
 func (d *Directory) Members() *Membership { return d.members }
@@ -223,29 +232,52 @@ func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) 
 	return d.routeTo(ctx, s, id, o, here)
 }
 
-// RouteKey is Route for a key's queue, which has no record until an
-// instance claims it: the first instance to meet the key owns it. The
-// owner claims it again, which keeps its record alive, once half a
-// session's life has passed since it last did, and never serves it on
-// older knowledge than that.
+// RouteKey is Route for a key's queue, which has no record until its
+// owner claims it, and claims it only once the upstream has answered one
+// of its requests (KeyAnswered): a flood of made-up values writes nothing.
+// Until then the key goes to the live instance its value hashes to
+// (rendezvous hashing over the leases listed), so that instances agree on
+// it without a write; they can disagree only while an instance joins or
+// leaves, and only for a key not yet answered. The owner claims it again,
+// which keeps its record alive, once half a session's life has passed
+// since it last did.
 func (d *Directory) RouteKey(ctx context.Context, s Claimer, id, here string) (o Owner, forward, wait bool) {
 	if here == "" {
 		return Owner{}, false, false
 	}
 	d.members.SetAddr(here)
-	k, ok := d.entry(id)
-	if ok && (k.owner.ID != d.self || d.now().Sub(k.learned) < d.ttl/2) {
+	if k, ok := d.entry(id); ok {
 		return d.routeTo(ctx, s, id, k.owner, here)
 	}
-	me := Owner{ID: d.self, Addr: here}.String()
-	o, ok = d.learn(ctx, id, func(ctx context.Context) (string, bool, error) {
-		rec, err := s.Claim(ctx, id, me)
-		return rec, err == nil, err
-	})
-	if !ok {
-		return Owner{}, false, false
+	o, found := d.learn(ctx, id, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) })
+	if found && o.ID != "" {
+		return d.routeTo(ctx, s, id, o, here)
 	}
-	return d.routeTo(ctx, s, id, o, here)
+	if o = d.members.Rendezvous(id); o.ID == "" || o.ID == d.self {
+		return Owner{ID: d.self, Addr: here}, false, false
+	}
+	return o, true, false
+}
+
+// KeyAnswered is told that the upstream answered a request of key id
+// served here with a 2xx: the key is claimed for this instance (unless
+// another claimed it first), or claimed again once half a session's life
+// has passed since the last claim.
+func (d *Directory) KeyAnswered(ctx context.Context, s Claimer, id, here string) {
+	k, ok := d.entry(id)
+	if ok && (k.owner.ID != d.self || d.now().Sub(k.learned) < d.sessionTTL()/2) {
+		return
+	}
+	if here == "" {
+		here = d.members.Addr()
+	}
+	if here == "" {
+		return
+	}
+	rec, err := s.Claim(ctx, id, Owner{ID: d.self, Addr: here}.String())
+	if o, parsed := Parse(rec); err == nil && parsed {
+		d.remember(id, o)
+	}
 }
 
 // routeTo says where a request goes whose session (or key) o owns: the
@@ -645,7 +677,7 @@ func (d *Directory) entry(id string) (known, bool) {
 	if !ok {
 		return known{}, false
 	}
-	if d.now().Sub(k.learned) >= d.ttl {
+	if d.now().Sub(k.learned) >= d.sessionTTL() {
 		delete(d.known, id)
 		return known{}, false
 	}

@@ -3,6 +3,7 @@ package owner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ type memStore struct {
 	fail   error
 	// takeOverFail fails TakeOver alone.
 	takeOverFail error
+	claims       atomic.Int64
 	calls        atomic.Int64
 	hold         chan struct{} // while open, Owner waits for it to close
 }
@@ -495,6 +497,7 @@ func waiting(d *Directory, id string) int {
 
 func (m *memStore) Claim(_ context.Context, id, me string) (string, error) {
 	m.calls.Add(1)
+	m.claims.Add(1)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.fail != nil {
@@ -507,51 +510,93 @@ func (m *memStore) Claim(_ context.Context, id, me string) (string, error) {
 	return me, nil
 }
 
-func TestTheFirstInstanceToMeetAKeyOwnsItAndTheOthersForwardToIt(t *testing.T) {
+// A key no instance has claimed goes to the instance its value hashes to,
+// which claims it once the upstream has answered; the others then learn
+// that owner from the record.
+func TestAKeyIsClaimedByTheInstanceItHashesToOnceAnswered(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	for _, d := range []*Directory{a, b} {
+		d.Members().Renew(bg)
+	}
+	for _, d := range []*Directory{a, b} {
+		d.Members().Refresh(bg)
+	}
+	key := "key k"
+	want := a.Members().Rendezvous(key)
+	if got := b.Members().Rendezvous(key); got != want || want.ID == "" {
+		t.Fatalf("the instances hash the key to %v and %v", want, got)
+	}
+	owner, other, otherOwner := a, b, ownerB
+	if want.ID == ownerB.ID {
+		owner, other, otherOwner = b, a, ownerA
+	}
+	if o, forward, _ := other.RouteKey(bg, s, key, otherOwner.Addr); !forward || o.ID != want.ID {
+		t.Fatalf("the other instance: %v, %v; want forwarded to %v", o, forward, want)
+	}
+	if o, forward, _ := owner.RouteKey(bg, s, key, want.Addr); forward || o.ID != want.ID {
+		t.Fatalf("the instance it hashes to: %v, %v; want served there", o, forward)
+	}
+	if len(s.owners) != 0 {
+		t.Fatalf("records %v before any answer, want none", s.owners)
+	}
+	owner.KeyAnswered(bg, s, key, want.Addr)
+	if rec, _ := Parse(s.owners[key]); rec.ID != want.ID {
+		t.Fatalf("claimed by %q, want %v", s.owners[key], want)
+	}
+}
+
+// A flood of made-up key values writes nothing to the engine: a value is
+// claimed only once the upstream answered one of its requests.
+func TestKeysNoUpstreamAnsweredWriteNothing(t *testing.T) {
 	s, c := newMemStore(), &clock{}
-	a, b := newDir(ownerA.ID, c), newDir(ownerB.ID, c)
-	if o, forward, _ := a.RouteKey(context.Background(), s, "key k", ownerA.Addr); forward || o != ownerA {
-		t.Fatalf("first to meet the key: %v, %v; want it served here", o, forward)
+	a := newDir(ownerA.ID, c)
+	for i := range 100 {
+		a.RouteKey(bg, s, fmt.Sprintf("key %d", i), ownerA.Addr)
 	}
-	for range 3 {
-		if o, forward, _ := b.RouteKey(context.Background(), s, "key k", ownerB.Addr); !forward || o != ownerA {
-			t.Fatalf("second: %v, %v; want forwarded to %v", o, forward, ownerA)
-		}
-	}
-	if n := s.calls.Load(); n != 2 {
-		t.Fatalf("%d store calls, want 2 (one claim per instance)", n)
+	if len(s.owners) != 0 {
+		t.Fatalf("%d records for keys nothing answered, want none", len(s.owners))
 	}
 }
 
 func TestAKeysOwnerClaimsItAgainOnlyAfterHalfASessionsLife(t *testing.T) {
 	s, c := newMemStore(), &clock{}
 	a := newDir(ownerA.ID, c) // sessions live an hour
+	claims := func() int64 { return s.claims.Load() }
 	for range 3 {
-		a.RouteKey(context.Background(), s, "key k", ownerA.Addr)
+		a.KeyAnswered(bg, s, "key k", ownerA.Addr)
 		c.add(10 * time.Minute)
 	}
-	if n := s.calls.Load(); n != 1 {
+	if n := claims(); n != 1 {
 		t.Fatalf("%d claims within half an hour, want 1", n)
 	}
 	c.add(time.Minute)
-	if _, forward, _ := a.RouteKey(context.Background(), s, "key k", ownerA.Addr); forward {
+	if _, forward, _ := a.RouteKey(bg, s, "key k", ownerA.Addr); forward {
 		t.Fatal("the owner forwarded its own key")
 	}
-	if n := s.calls.Load(); n != 2 {
+	a.KeyAnswered(bg, s, "key k", ownerA.Addr)
+	if n := claims(); n != 2 {
 		t.Fatalf("%d claims after half an hour, want 2", n)
+	}
+	// A reload that shortens session_ttl shortens the wait.
+	a.SetTTL(10 * time.Minute)
+	c.add(6 * time.Minute)
+	a.KeyAnswered(bg, s, "key k", ownerA.Addr)
+	if n := claims(); n != 3 {
+		t.Fatalf("%d claims after a reload shortened session_ttl, want 3", n)
 	}
 }
 
 func TestAKeyWhoseOwnerLapsedIsTakenOver(t *testing.T) {
 	s, l := newMemStore(), newMemLeases(&clock{})
 	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
-	a.RouteKey(context.Background(), s, "key k", ownerA.Addr)
-	a.Members().Renew(context.Background())
-	if _, forward, _ := b.RouteKey(context.Background(), s, "key k", ownerB.Addr); !forward {
+	a.KeyAnswered(bg, s, "key k", ownerA.Addr)
+	a.Members().Renew(bg)
+	if _, forward, _ := b.RouteKey(bg, s, "key k", ownerB.Addr); !forward {
 		t.Fatal("a live owner's key was not forwarded to it")
 	}
 	lapse(l, ownerA, b)
-	if o, forward, _ := b.RouteKey(context.Background(), s, "key k", ownerB.Addr); forward || o != ownerB {
+	if o, forward, _ := b.RouteKey(bg, s, "key k", ownerB.Addr); forward || o != ownerB {
 		t.Fatalf("RouteKey = %v, %v; want taken over", o, forward)
 	}
 }
