@@ -185,17 +185,12 @@ func (m *Membership) Stop(ctx context.Context, leases Leases) {
 
 // Renew renews the lease now, or waits for the renewal in flight.
 func (m *Membership) Renew(ctx context.Context) {
-	m.mu.Lock()
-	if c := m.renewing; c != nil {
-		m.mu.Unlock()
-		select {
-		case <-c:
-		case <-ctx.Done():
-		}
+	end, first := m.join(ctx, &m.renewing)
+	if !first {
 		return
 	}
-	c := make(chan struct{})
-	m.renewing = c
+	defer end()
+	m.mu.Lock()
 	addr := m.addr
 	m.mu.Unlock()
 
@@ -222,9 +217,31 @@ func (m *Membership) Renew(ctx context.Context) {
 		// restarted empty): nobody saw this one lapse.
 		m.held, m.leaseEpoch = true, epoch
 	}
-	m.renewing = nil
 	m.mu.Unlock()
-	close(c)
+}
+
+// join begins a call of which one runs at a time, *running marking the one
+// in flight: first false, it waited for the one running (or ctx) instead;
+// first true, end must be called when it is over.
+func (m *Membership) join(ctx context.Context, running *chan struct{}) (end func(), first bool) {
+	m.mu.Lock()
+	if c := *running; c != nil {
+		m.mu.Unlock()
+		select {
+		case <-c:
+		case <-ctx.Done():
+		}
+		return nil, false
+	}
+	c := make(chan struct{})
+	*running = c
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		*running = nil
+		m.mu.Unlock()
+		close(c)
+	}, true
 }
 
 // Current makes sure this instance's lease was renewed recently before it
@@ -257,18 +274,11 @@ func (m *Membership) VerifyAfter(lapsedAt time.Time) time.Time { return lapsedAt
 
 // Refresh lists the members now, or waits for the listing in flight.
 func (m *Membership) Refresh(ctx context.Context) {
-	m.mu.Lock()
-	if c := m.listing; c != nil {
-		m.mu.Unlock()
-		select {
-		case <-c:
-		case <-ctx.Done():
-		}
+	end, first := m.join(ctx, &m.listing)
+	if !first {
 		return
 	}
-	c := make(chan struct{})
-	m.listing = c
-	m.mu.Unlock()
+	defer end()
 
 	var listed map[string]Lease
 	var err error
@@ -282,9 +292,7 @@ func (m *Membership) Refresh(ctx context.Context) {
 	if err == nil && listed != nil {
 		m.listed(listed, m.now())
 	}
-	m.listing = nil
 	m.mu.Unlock()
-	close(c)
 }
 
 // RefreshStale lists the members unless a listing ended less than
