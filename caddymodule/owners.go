@@ -3,14 +3,12 @@ package caddymodule
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -176,8 +174,16 @@ func (h *Handler) hereAddr(r *http.Request) string {
 	if h.advertise != "" {
 		return h.advertise
 	}
-	if r.TLS != nil || wrappedListener(r) {
+	if r.TLS != nil {
 		return ""
+	}
+	if c, _ := r.Context().Value(connKey{}).(net.Conn); c != nil {
+		// The socket's own address: a listener wrapper such as
+		// proxy_protocol reports the one a PROXY header claims.
+		if tcp := socketOf(c); tcp != nil {
+			return tcp.LocalAddr().String()
+		}
+		return "" // a wrapper it cannot see through, or a unix socket
 	}
 	// A unix socket has no address another instance could dial.
 	if a, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
@@ -186,30 +192,23 @@ func (h *Handler) hereAddr(r *http.Request) string {
 	return ""
 }
 
-// wrappedListeners remembers, by server, whether a listener wrapper other
-// than tls (proxy_protocol) sits under it: its connections' local address
-// may come from a PROXY header, which a client can write.
-var wrappedListeners sync.Map // *caddyhttp.Server → bool
-
-func wrappedListener(r *http.Request) bool {
-	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
-	if srv == nil {
-		return false
-	}
-	if v, ok := wrappedListeners.Load(srv); ok {
-		return v.(bool)
-	}
-	wrapped := false
-	for _, raw := range srv.ListenerWrappersRaw {
-		var w struct {
-			Wrapper string `json:"wrapper"`
-		}
-		if json.Unmarshal(raw, &w) != nil || w.Wrapper != "tls" {
-			wrapped = true
+// socketOf is the TCP socket under a connection and the listener
+// wrappers' layers over it (proxy_protocol's Raw, tls.Conn's NetConn);
+// nil if it is not TCP or a layer hides it.
+func socketOf(c net.Conn) *net.TCPConn {
+	for range 8 {
+		switch v := c.(type) {
+		case *net.TCPConn:
+			return v
+		case interface{ Raw() net.Conn }:
+			c = v.Raw()
+		case interface{ NetConn() net.Conn }:
+			c = v.NetConn()
+		default:
+			return nil
 		}
 	}
-	wrappedListeners.Store(srv, wrapped)
-	return wrapped
+	return nil
 }
 
 // noOwnerWarns spaces the WARN lines about sessions created without an
@@ -222,9 +221,9 @@ var noOwnerWarns warnlimit.Limiter
 func (h *Handler) warnNoOwner(r *http.Request) {
 	if ok, suppressed := noOwnerWarns.Allow(time.Now()); ok {
 		h.logger.Warn("order owner: this session records no owner, so its requests reaching other instances are not ordered with it: "+
-			"it came over TLS, a unix socket or a listener wrapper such as proxy_protocol (whose address a client may write), and the hop to an owner is plain HTTP; "+
+			"it came over TLS, a unix socket or a listener wrapper this instance cannot see through, and the hop to an owner is plain HTTP; "+
 			"set advertise to a plain-HTTP host:port of this instance, or use a front that hashes Mcp-Session-Id",
-			zap.Bool("tls", r.TLS != nil), zap.Bool("listener_wrapper", wrappedListener(r)), zap.Int("suppressed", suppressed))
+			zap.Bool("tls", r.TLS != nil), zap.Int("suppressed", suppressed))
 	}
 }
 

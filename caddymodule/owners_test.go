@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -643,5 +644,60 @@ func TestAnInstanceDroppedByAReloadHandsItsSessionsOver(t *testing.T) {
 	}
 	if n := scrapeMetric(t, in.b, "caddy_mcp_serializer_takeovers_total"); n != 1 {
 		t.Fatalf("b took %v sessions over, want 1", n)
+	}
+}
+
+// Behind a listener wrapper such as proxy_protocol, a connection's local
+// address comes from the PROXY header, which a client admitted by allow
+// writes: the address an instance records and advertises is its socket's,
+// never the one a client claimed.
+func TestBehindAListenerWrapperTheAddressRecordedIsTheSockets(t *testing.T) {
+	redisAddr := redistest.Start(t)
+	_, addr := newUpstream(t, mcpAnswer("behind-proxy-protocol", nil))
+	c := &testCaddy{port: testnet.FreePort(t), adminPort: testnet.FreePort(t)}
+	c.url = fmt.Sprintf("http://127.0.0.1:%d", c.port)
+	file := strings.Replace(c.caddyfile("mcp_serializer {\n\tstate redis "+redisAddr+"\n}\nreverse_proxy "+addr),
+		"persist_config off\n", "persist_config off\n\tservers {\n\t\tlistener_wrappers {\n\t\t\tproxy_protocol {\n\t\t\t\tallow 127.0.0.1/32\n\t\t\t}\n\t\t}\n\t}\n", 1)
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(file), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loadCaddy(t, cfg)
+
+	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", c.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// The client claims the instance was reached at 10.9.9.9:6666.
+	fmt.Fprintf(conn, "PROXY TCP4 203.0.113.7 10.9.9.9 5555 6666\r\n")
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		c.port, len(initializeBody), initializeBody)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if _, upstreamID, ok := owner.SplitOwner(resp.Header.Get("Mcp-Session-Id")); !ok || upstreamID != "behind-proxy-protocol" {
+		t.Fatalf("initialize through the PROXY header: %s, id %q", resp.Status, resp.Header.Get("Mcp-Session-Id"))
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	wait.Until(t, "the session's record names its owner", func() bool {
+		o, _ := rdb.HGet(context.Background(), "mcp_serializer:"+serializer.StoreKey("behind-proxy-protocol"), "owner").Result()
+		return o != ""
+	})
+	want := fmt.Sprintf("127.0.0.1:%d", c.port)
+	if o, _ := rdb.HGet(context.Background(), "mcp_serializer:"+serializer.StoreKey("behind-proxy-protocol"), "owner").Result(); !strings.HasSuffix(o, " "+want) {
+		t.Fatalf("the record names owner %q, want this instance at its socket's address %s", o, want)
+	}
+	wait.Until(t, "the instance's lease written", func() bool {
+		n, _ := rdb.HLen(context.Background(), "mcp_serializer:members").Result()
+		return n == 1
+	})
+	for _, lease := range rdb.HGetAll(context.Background(), "mcp_serializer:members").Val() {
+		if !strings.HasSuffix(lease, " "+want) {
+			t.Fatalf("the lease %q advertises another address than the socket's, %s", lease, want)
+		}
 	}
 }

@@ -119,6 +119,8 @@ type lookupCall struct {
 	owner   Owner
 	ok      bool
 	waiters int // requests waiting for it; guarded by Directory.mu
+	// abandoned: the request asking left before the answer.
+	abandoned bool
 }
 
 type known struct {
@@ -326,21 +328,27 @@ func (d *Directory) liveness(ctx context.Context, id string) (Liveness, string) 
 // zero Owner if it names none).
 func (d *Directory) learn(ctx context.Context, id string, ask func(context.Context) (owner string, found bool, err error)) (o Owner, found bool) {
 	d.mu.Lock()
-	if c := d.learning[id]; c != nil {
+	for c := d.learning[id]; c != nil; c = d.learning[id] {
 		c.waiters++
 		d.mu.Unlock()
 		select {
 		case <-c.done:
-			return c.owner, c.ok
 		case <-ctx.Done():
 			return Owner{}, false
 		}
+		if !c.abandoned {
+			return c.owner, c.ok
+		}
+		// The request that asked left before the answer: ask again, as
+		// its client's leaving says nothing of the session's owner.
+		d.mu.Lock()
 	}
 	c := &lookupCall{done: make(chan struct{})}
 	d.learning[id] = c
 	d.mu.Unlock()
 
 	rec, found, err := ask(ctx)
+	c.abandoned = err != nil && ctx.Err() != nil
 	if err == nil && found {
 		c.ok = true
 		if o, ok := Parse(rec); ok {

@@ -25,10 +25,13 @@ type memStore struct {
 
 func newMemStore() *memStore { return &memStore{owners: map[string]string{}} }
 
-func (m *memStore) Owner(_ context.Context, id string) (string, bool, error) {
+func (m *memStore) Owner(ctx context.Context, id string) (string, bool, error) {
 	m.calls.Add(1)
 	if m.hold != nil {
 		<-m.hold
+		if ctx.Err() != nil {
+			return "", false, ctx.Err() // the engine's answer to a request that left
+		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -983,5 +986,45 @@ func TestALostRecordWhoseNamedOwnerAnswersNotOwnerIsClaimedByOneInstance(t *test
 	}
 	if o, forward, _ := c.Route(bg, s, "s1", ownerA.ID, ownerC.Addr); !forward || o.ID != ownerB.ID {
 		t.Fatalf("second after the 421: %v, %v; want forwarded to %v", o, forward, ownerB)
+	}
+}
+
+// The requests of a session waiting for one lookup of its owner ask again
+// when the request that asked leaves before the answer: they are not
+// served here beside the owner.
+func TestRequestsWaitingForALookupAskAgainWhenTheAskingClientLeaves(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	s.owners["s1"] = ownerA.String()
+	s.hold = make(chan struct{})
+	d := newDir(ownerB.ID, c)
+	first, leave := context.WithCancel(context.Background())
+	firstDone := make(chan struct{})
+	go func() {
+		defer close(firstDone)
+		d.Route(first, s, "s1", "", ownerB.Addr)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.calls.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first request never asked")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	routed := make(chan bool, 1)
+	go func() {
+		_, forward, _ := d.Route(context.Background(), s, "s1", "", ownerB.Addr)
+		routed <- forward
+	}()
+	for waiting(d, "s1") < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the second request never waited for the lookup")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	leave()
+	close(s.hold)
+	<-firstDone
+	if forward := <-routed; !forward {
+		t.Fatal("the waiting request was served here when the asking client left")
 	}
 }
