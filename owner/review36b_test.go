@@ -43,3 +43,28 @@ func TestALeaseRestoredFromAnOldSnapshotIsNotTakenOverBeforeTheLockDelay(t *test
 			o, forward, s.owners["s1"])
 	}
 }
+
+// After the engine restarted empty, session s1 lives at B, which created
+// it and knows it. Its client rewrites the instance its id names to A
+// ("mcps1.<A>.<x>" and "mcps1.<B>.<x>" are one upstream session x), or
+// sends Mcp-Serializer-Owner naming A straight to A: every other instance
+// forwards the first to A, and A serves it, while B serves the second.
+func TestAnInstanceThatNeverOwnedASessionWithoutARecordDoesNotServeItBesideItsOwner(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	l := newMemLeases(c)
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	for _, d := range []*Directory{a, b} {
+		d.Members().Renew(ctx)
+		d.Members().Refresh(ctx)
+	}
+	s := newMemStore() // restarted empty: no record of s1
+	b.Created("s1", ownerB.Addr)
+
+	_, bForwards, bWaits := b.Route(ctx, s, "s1", ownerB.ID, ownerB.Addr)
+	bServes := !bForwards && !bWaits
+	aServes := a.Serves(ctx, s, "s1", ownerA.ID)
+	if aServes && bServes {
+		t.Fatal("A, which never owned s1, serves it as forwarded to it while B, its owner, serves it too")
+	}
+}
