@@ -68,3 +68,48 @@ func TestAnInstanceThatNeverOwnedASessionWithoutARecordDoesNotServeItBesideItsOw
 		t.Fatal("A, which never owned s1, serves it as forwarded to it while B, its owner, serves it too")
 	}
 }
+
+// A key claimed by A before B joined (scale-out, or any deploy: new
+// instances have new IDs, so the hashing moves every key) stays with A
+// while its record stands. When the engine restarts empty, A still
+// serves it from what it knows, and B, which never met it, hashes it to
+// itself and serves it too: one user's line runs on two instances.
+func TestAKeyClaimedBeforeAnInstanceJoinedIsNotServedAtTwoAfterTheEngineForgetsIt(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	s, l := newMemStore(), newMemLeases(c)
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Members().Renew(bg)
+	a.Members().Refresh(bg)
+	b.Members().Refresh(bg)
+
+	b.Members().Renew(bg) // B joins after the key was met, so choose one B's joining moves
+	var key string
+	for i := 0; ; i++ {
+		key = "key " + time.Duration(i).String()
+		if a.Members().Rendezvous(key).ID == ownerA.ID {
+			l.mu.Lock()
+			l.leases[ownerB.ID] = lease{ownerB.Addr, c.now().Add(time.Hour), 1}
+			l.mu.Unlock()
+			b.Members().Refresh(bg)
+			if b.Members().Rendezvous(key).ID == ownerB.ID {
+				break
+			}
+		}
+	}
+	// Before B joined, from A's view (only A listed): A serves and claims it.
+	if _, forward, _ := a.RouteKey(bg, s, key, ownerA.Addr); forward {
+		t.Fatal("A alone forwarded the key")
+	}
+	a.KeyAnswered(bg, s, key, ownerA.Addr)
+	a.Members().Refresh(bg)
+
+	s.mu.Lock()
+	clear(s.owners) // the engine restarts empty
+	s.mu.Unlock()
+
+	_, aFwd, aWait := a.RouteKey(bg, s, key, ownerA.Addr)
+	_, bFwd, bWait := b.RouteKey(bg, s, key, ownerB.Addr)
+	if !aFwd && !aWait && !bFwd && !bWait {
+		t.Fatalf("after the engine forgot the key's record, both A (its claimer) and B (its hash) serve %q", key)
+	}
+}
