@@ -119,6 +119,7 @@ type Handler struct {
 	// releaseEngine ends the hold on the state engine's connection that
 	// the handover needs; nil without one.
 	releaseEngine func()
+	ownerConfigs  *atomic.Int32 // the table's (pooledTable.ownerConfigs)
 	forwarder     *reverseproxy.Handler
 	advertise     string
 	engine        stateengine.Engine // nil without state
@@ -210,17 +211,26 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		owners := owner.NewDirectory(members, cfg.MaxSessions, cfg.SessionTTL, nil)
 		tableCfg := cfg
 		tableCfg.Clock = newTableClock()
-		return pooledTable{serializer.NewTable(tableCfg), applied, owners, newProvenPasswords(cfg.MaxSessions)}, nil
+		return pooledTable{serializer.NewTable(tableCfg), applied, owners, newProvenPasswords(cfg.MaxSessions), new(atomic.Int32)}, nil
 	})
 	if err != nil {
 		return err
 	}
 	pooled := val.(pooledTable)
-	h.table, h.applied, h.proven = pooled.Table, pooled.applied, pooled.proven
+	h.table, h.applied, h.proven, h.ownerConfigs = pooled.Table, pooled.applied, pooled.proven, pooled.ownerConfigs
 	h.applied.provisioned(h.generation, cfg)
 	if h.Order == orderOwner {
 		h.owners = pooled.owners
+		h.ownerConfigs.Add(1)
 		h.owners.SetTTL(cfg.SessionTTL)
+		owners, store := h.owners, h.ownerStore
+		owners.Members().OnForgotten(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
+			go func() {
+				defer cancel()
+				owners.ReclaimKeys(ctx, store)
+			}()
+		})
 		h.owners.Members().Start()
 		if r, ok := h.engine.(stateengine.Retainer); ok {
 			// Open for the handover, whenever Caddy cleans the engine up.
@@ -469,10 +479,10 @@ func (h *Handler) Cleanup() error {
 		return nil // provisioning failed before the table was taken
 	}
 	h.applied.cleanedUp(h.table, h.generation)
-	if h.owners != nil {
-		if refs, _ := tables.References(h.poolKey); refs == 1 {
-			h.handOver()
-		}
+	if h.owners != nil && h.ownerConfigs.Add(-1) == 0 {
+		// The last config ordering this table's sessions by owner stops:
+		// Caddy stops, or a reload drops the site or turns order owner off.
+		h.handOver()
 	}
 	if h.releaseEngine != nil {
 		h.releaseEngine()
@@ -505,6 +515,8 @@ type pooledTable struct {
 	applied *appliedSettings
 	owners  *owner.Directory // this instance's, for order owner
 	proven  *provenPasswords // for key basic_user
+	// ownerConfigs counts the provisioned configs that use owners.
+	ownerConfigs *atomic.Int32
 }
 
 func (t pooledTable) Destruct() error {

@@ -333,9 +333,10 @@ func (w *ownerReplyWriter) WriteHeader(status int) {
 		// the owner's lease lapsed), not an answer.
 		w.cut = true
 		return
-	case status == http.StatusMisdirectedRequest && w.header.Get(notOwnerHeader) != "":
-		// Whoever answers so (an instance restarted at the owner's
-		// address, under a new ID) only makes the request route again.
+	case status == http.StatusMisdirectedRequest && w.header.Get(notOwnerHeader) != "" && w.header.Get(servedByHeader) != "":
+		// An instance of this module that is not the owner (one
+		// restarted at its address, under a new ID) makes the request
+		// route again.
 		w.notOwner = true
 		return
 	case w.header.Get(servedByHeader) != w.ownerID:

@@ -33,6 +33,7 @@ func TestAnAnswerMarkedNotOwnerIsKeptFromTheClient(t *testing.T) {
 			rec := httptest.NewRecorder()
 			ow := &ownerReplyWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}, header: http.Header{}}
 			ow.Header().Set(notOwnerHeader, "1")
+			ow.Header().Set(servedByHeader, "an instance restarted at the owner's address")
 			ow.Header().Set("Content-Type", "application/json")
 			ow.WriteHeader(http.StatusMisdirectedRequest)
 			write.body(ow, `{"error":"not the owner"}`)
@@ -82,5 +83,20 @@ func TestASessionCreatedOverTLSWithoutAdvertiseWarnsThatItHasNoOwner(t *testing.
 	create("plain", nil)
 	if h.owners.Known() != 1 || logs.Len() != 1 {
 		t.Fatalf("over plain HTTP: %d owners known, %d WARN lines; want 1 and still 1", h.owners.Known(), logs.Len())
+	}
+}
+
+// A 421 marked as from an instance that is not the owner, but without any
+// instance's stamp, came from another program at the owner's address: it
+// is held back as foreign, and never makes the session's owner be read as
+// refused.
+func TestAnUnstampedNotOwnerAnswerIsForeign(t *testing.T) {
+	rec := httptest.NewRecorder()
+	ow := &ownerReplyWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}, header: http.Header{}, ownerID: "aaaa"}
+	ow.Header().Set(notOwnerHeader, "1")
+	ow.WriteHeader(http.StatusMisdirectedRequest)
+	io.WriteString(ow, `{"error":"not the owner"}`)
+	if ow.notOwner || !ow.foreign || ow.wrote || rec.Body.Len() != 0 {
+		t.Fatalf("notOwner %v, foreign %v, wrote %v, body %q", ow.notOwner, ow.foreign, ow.wrote, rec.Body)
 	}
 }

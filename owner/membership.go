@@ -15,9 +15,11 @@ type Leases interface {
 	// more on the engine's clock, and answers its epoch: 1 for a new
 	// lease, one more each time it had lapsed. An epoch above the last
 	// one seen means the lease lapsed in between, even if the answer of
-	// the renewal that found it lapsed was lost.
-	Renew(ctx context.Context, id, addr string, life time.Duration) (epoch uint64, err error)
-	// Drop ends id's lease as if it had lapsed that long ago.
+	// the renewal that found it lapsed was lost. existed false: the engine
+	// had no trace of it (it restarted empty, or this is the first).
+	Renew(ctx context.Context, id, addr string, life time.Duration) (epoch uint64, existed bool, err error)
+	// Drop ends id's lease as if it had lapsed that long ago, marked as
+	// ended by its instance (Lease.Dropped).
 	Drop(ctx context.Context, id string, lapsed time.Duration) error
 	// Members lists the leases, those that lapsed within a day included.
 	Members(ctx context.Context) (map[string]Lease, error)
@@ -28,6 +30,8 @@ type Lease struct {
 	Addr string
 	// Lapsed is how long ago the lease lapsed; 0 while it stands.
 	Lapsed time.Duration
+	// Dropped: its instance ended it (Drop), handing its sessions over.
+	Dropped bool
 }
 
 // How leases are kept. An instance renews its lease every renewEvery, so
@@ -76,11 +80,12 @@ type Membership struct {
 	addr                              string
 	held                              bool // a renewal has succeeded
 	// leaseEpoch is the engine\'s epoch of the lease at the last renewal.
-	leaseEpoch uint64
-	attempt    time.Time // when the last renewal attempt ended, whatever its answer
-	epoch      uint64    // how many times the lease was found lapsed
-	lapsedAt   time.Time // when it was last found lapsed
-	members    map[string]*member
+	leaseEpoch  uint64
+	onForgotten func()    // see OnForgotten
+	attempt     time.Time // when the last renewal attempt ended, whatever its answer
+	epoch       uint64    // how many times the lease was found lapsed
+	lapsedAt    time.Time // when it was last found lapsed
+	members     map[string]*member
 	// lastListed is when the last listing ended, whatever its answer.
 	lastListed time.Time
 	listings   int           // listings ended, whatever their answer
@@ -195,11 +200,13 @@ func (m *Membership) Renew(ctx context.Context) {
 	m.mu.Unlock()
 
 	var epoch uint64
+	var existed bool
 	var err error
 	l := m.leases()
 	if l != nil && addr != "" {
-		epoch, err = l.Renew(ctx, m.self, addr, m.life)
+		epoch, existed, err = l.Renew(ctx, m.self, addr, m.life)
 	}
+	forgotten := false
 
 	m.mu.Lock()
 	m.attempt = m.now()
@@ -215,9 +222,23 @@ func (m *Membership) Renew(ctx context.Context) {
 	default:
 		// The first renewal, or the engine forgot every lease (it
 		// restarted empty): nobody saw this one lapse.
+		forgotten = m.held && !existed
 		m.held, m.leaseEpoch = true, epoch
 	}
+	onForgotten := m.onForgotten
 	m.mu.Unlock()
+	if forgotten && onForgotten != nil {
+		onForgotten()
+	}
+}
+
+// OnForgotten sets what to do when a renewal finds that the engine forgot
+// this instance's lease (it restarted empty, or failed over and lost
+// it): what else it held of this instance is gone too.
+func (m *Membership) OnForgotten(f func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.onForgotten = f
 }
 
 // join begins a call of which one runs at a time, *running marking the one
@@ -329,10 +350,15 @@ func (m *Membership) listed(listed map[string]Lease, now time.Time) {
 		switch {
 		case l.Lapsed <= 0:
 			mb.absent = false
+		case l.Dropped && !mb.absent:
+			// Ended by its instance, which will not renew it: no delay.
+			mb.absent, mb.absentSince = true, now.Add(-m.delay)
 		case !mb.absent:
-			// The engine says how long ago: an instance that meets it
-			// lapsed need not wait the lock delay again.
-			mb.absent, mb.absentSince = true, now.Add(-l.Lapsed)
+			// The lock delay counts from here, not from when the engine
+			// says it lapsed: an engine restored from an old snapshot
+			// lists every lease as lapsed long ago, and the live ones
+			// renew within a second.
+			mb.absent, mb.absentSince = true, now
 		}
 		if mb.absent {
 			mb.absentSeen = now
@@ -393,7 +419,10 @@ func (m *Membership) Rendezvous(key string) Owner {
 			best, bestScore = Owner{ID: id, Addr: addr}, score
 		}
 	}
-	consider(m.self, m.addr)
+	if mb := m.members[m.self]; mb != nil && !mb.absent {
+		// Only once listed itself: the others hash over the listing.
+		consider(m.self, m.addr)
+	}
 	for id, mb := range m.members {
 		if !mb.absent && id != m.self {
 			consider(id, mb.addr)

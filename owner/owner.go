@@ -132,6 +132,7 @@ type known struct {
 	// epoch: the lease epoch (Membership.Current) in which this instance
 	// last knew the session its own.
 	epoch uint64
+	key   bool // a key's queue, claimed (KeyAnswered)
 }
 
 // NewDirectory returns the directory of the instance members names. It
@@ -278,8 +279,42 @@ func (d *Directory) KeyAnswered(ctx context.Context, s Claimer, id, here string)
 	}
 	rec, err := s.Claim(ctx, id, Owner{ID: d.self, Addr: here}.String())
 	if o, parsed := Parse(rec); err == nil && parsed {
-		d.remember(id, o)
+		d.rememberKey(id, o)
 	}
+}
+
+// ReclaimKeys claims again every key this instance owns, at once: called
+// when the engine forgot this instance's lease, and so the keys' records,
+// since a key has no id that names its owner and the others would route
+// it by its hash meanwhile.
+func (d *Directory) ReclaimKeys(ctx context.Context, s Claimer) {
+	d.mu.Lock()
+	var mine []string
+	for id, k := range d.known {
+		if k.key && k.owner.ID == d.self {
+			mine = append(mine, id)
+		}
+	}
+	d.mu.Unlock()
+	for _, id := range mine {
+		if ctx.Err() != nil {
+			return
+		}
+		rec, err := s.Claim(ctx, id, Owner{ID: d.self, Addr: d.members.Addr()}.String())
+		if o, parsed := Parse(rec); err == nil && parsed {
+			d.rememberKey(id, o)
+		}
+	}
+}
+
+func (d *Directory) rememberKey(id string, o Owner) {
+	d.rememberTakenOver(id, o, false)
+	d.mu.Lock()
+	if k, ok := d.known[id]; ok {
+		k.key = true
+		d.known[id] = k
+	}
+	d.mu.Unlock()
 }
 
 // routeTo says where a request goes whose session (or key) o owns: the
@@ -556,10 +591,12 @@ func (d *Directory) Serves(ctx context.Context, s Store, id, ownerID string) boo
 	o, ok := d.lookup(id)
 	if !ok {
 		// Not known here (aged out, or a client wrote the header): the
-		// record says; without one, nobody else can serve it either.
+		// record says.
 		var found bool
 		o, found = d.learn(ctx, id, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) })
-		return !found || o.ID == "" || o.ID == d.self
+		// Without a record, a session this instance does not know may
+		// live on the instance its client's other id names.
+		return found && (o.ID == "" || o.ID == d.self)
 	}
 	return o.ID == d.self
 }

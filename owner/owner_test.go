@@ -93,7 +93,7 @@ func newRealDir(self string) *Directory { return dirSeeingAAndB(self, time.Now) 
 func dirSeeingAAndB(self string, now func() time.Time) *Directory {
 	l := newMemLeases(&clock{})
 	for _, o := range []Owner{ownerA, ownerB} {
-		l.leases[o.ID] = lease{o.Addr, time.Time{}.Add(1000 * time.Hour), 1}
+		l.leases[o.ID] = lease{o.Addr, time.Time{}.Add(1000 * time.Hour), 1, false}
 	}
 	d := NewDirectory(NewMembership(self, func() Leases { return l }, now), 100, time.Hour, now)
 	d.Members().Refresh(context.Background())
@@ -112,18 +112,19 @@ type memLeases struct {
 }
 
 type lease struct {
-	addr  string
-	until time.Time
-	epoch uint64
+	addr    string
+	until   time.Time
+	epoch   uint64
+	dropped bool
 }
 
 func newMemLeases(c *clock) *memLeases { return &memLeases{c: c, leases: map[string]lease{}} }
 
-func (l *memLeases) Renew(_ context.Context, id, addr string, life time.Duration) (uint64, error) {
+func (l *memLeases) Renew(_ context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.fail != nil {
-		return 0, l.fail
+		return 0, false, l.fail
 	}
 	old, ok := l.leases[id]
 	epoch := uint64(1)
@@ -133,15 +134,15 @@ func (l *memLeases) Renew(_ context.Context, id, addr string, life time.Duration
 			epoch++
 		}
 	}
-	l.leases[id] = lease{addr, l.c.now().Add(life), epoch}
-	return epoch, nil
+	l.leases[id] = lease{addr, l.c.now().Add(life), epoch, false}
+	return epoch, ok, nil
 }
 
 func (l *memLeases) Drop(_ context.Context, id string, lapsed time.Duration) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if ls, ok := l.leases[id]; ok {
-		ls.until = l.c.now().Add(-lapsed)
+		ls.until, ls.dropped = l.c.now().Add(-lapsed), true
 		l.leases[id] = ls
 	}
 	return l.fail
@@ -155,7 +156,11 @@ func (l *memLeases) Members(context.Context) (map[string]Lease, error) {
 	}
 	m := map[string]Lease{}
 	for id, ls := range l.leases {
-		m[id] = Lease{Addr: ls.addr, Lapsed: max(0, l.c.now().Sub(ls.until))}
+		lapsed := time.Duration(0)
+		if !ls.until.After(l.c.now()) {
+			lapsed = max(time.Nanosecond, l.c.now().Sub(ls.until))
+		}
+		m[id] = Lease{Addr: ls.addr, Lapsed: lapsed, Dropped: ls.dropped}
 	}
 	return m, nil
 }
@@ -851,13 +856,13 @@ type lossyLeases struct {
 	lose bool
 }
 
-func (l *lossyLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, error) {
-	epoch, err := l.memLeases.Renew(ctx, id, addr, life)
+func (l *lossyLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
+	epoch, existed, err := l.memLeases.Renew(ctx, id, addr, life)
 	if l.lose {
 		l.lose = false
-		return 0, errors.New("no answer within 250ms")
+		return 0, false, errors.New("no answer within 250ms")
 	}
-	return epoch, err
+	return epoch, existed, err
 }
 
 // An owner frozen past its lease whose first renewal on waking is applied
@@ -1026,5 +1031,120 @@ func TestRequestsWaitingForALookupAskAgainWhenTheAskingClientLeaves(t *testing.T
 	<-firstDone
 	if forward := <-routed; !forward {
 		t.Fatal("the waiting request was served here when the asking client left")
+	}
+}
+
+// A Redis that restarts from its last RDB snapshot (the default for
+// redis:7 with a /data volume) lists every lease as it was then: lapsed
+// long ago. A live owner renews within renewEvery; the lock delay is
+// there to give it that second. Its sessions must not be taken over
+// before it.
+func TestALeaseRestoredFromAnOldSnapshotIsNotTakenOverBeforeTheLockDelay(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	l := newMemLeases(c)
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	for _, d := range []*Directory{a, b} {
+		d.Members().Renew(ctx)
+	}
+	for _, d := range []*Directory{a, b} {
+		d.Members().Refresh(ctx)
+	}
+	s := newMemStore()
+	s.owners["s1"] = ownerB.String()
+	b.Created("s1", ownerB.Addr)
+
+	// Redis restarts and loads a snapshot taken a minute ago: both
+	// leases are there with their expiry of then, epochs unchanged.
+	l.mu.Lock()
+	for id, ls := range l.leases {
+		ls.until = c.now().Add(-time.Minute)
+		l.leases[id] = ls
+	}
+	l.mu.Unlock()
+
+	a.Members().Refresh(ctx) // A's background listing meets the restored hash first
+	o, forward, _ := a.Route(ctx, s, "s1", "", ownerA.Addr)
+	if !forward || o.ID != ownerB.ID {
+		t.Fatalf("right after the engine restarted from a snapshot, A routed B's session to %v (forward %v), "+
+			"before B had its renewal second: B's lease lapsed only in the snapshot; record now %q",
+			o, forward, s.owners["s1"])
+	}
+}
+
+// After the engine restarted empty, session s1 lives at B, which created
+// it and knows it. Its client rewrites the instance its id names to A
+// ("mcps1.<A>.<x>" and "mcps1.<B>.<x>" are one upstream session x), or
+// sends Mcp-Serializer-Owner naming A straight to A: every other instance
+// forwards the first to A, and A serves it, while B serves the second.
+func TestAnInstanceThatNeverOwnedASessionWithoutARecordDoesNotServeItBesideItsOwner(t *testing.T) {
+	ctx := context.Background()
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	l := newMemLeases(c)
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	for _, d := range []*Directory{a, b} {
+		d.Members().Renew(ctx)
+		d.Members().Refresh(ctx)
+	}
+	s := newMemStore() // restarted empty: no record of s1
+	b.Created("s1", ownerB.Addr)
+
+	_, bForwards, bWaits := b.Route(ctx, s, "s1", ownerB.ID, ownerB.Addr)
+	bServes := !bForwards && !bWaits
+	aServes := a.Serves(ctx, s, "s1", ownerA.ID)
+	if aServes && bServes {
+		t.Fatal("A, which never owned s1, serves it as forwarded to it while B, its owner, serves it too")
+	}
+}
+
+// A key claimed by A before B joined (scale-out, or any deploy: new
+// instances have new IDs, so the hashing moves every key) stays with A
+// while its record stands. When the engine restarts empty, A still
+// serves it from what it knows, and B, which never met it, would hash it
+// to itself and serve it too: A claims its keys again as soon as it
+// learns the engine forgot its lease.
+func TestAKeyClaimedBeforeAnInstanceJoinedIsNotServedAtTwoAfterTheEngineForgetsIt(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	s, l := newMemStore(), newMemLeases(c)
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Members().Renew(bg)
+	a.Members().Refresh(bg)
+	b.Members().Refresh(bg)
+
+	b.Members().Renew(bg) // B joins after the key was met, so choose one B's joining moves
+	var key string
+	for i := 0; ; i++ {
+		key = "key " + time.Duration(i).String()
+		if a.Members().Rendezvous(key).ID == ownerA.ID {
+			l.mu.Lock()
+			l.leases[ownerB.ID] = lease{ownerB.Addr, c.now().Add(time.Hour), 1, false}
+			l.mu.Unlock()
+			b.Members().Refresh(bg)
+			if b.Members().Rendezvous(key).ID == ownerB.ID {
+				break
+			}
+		}
+	}
+	// Before B joined, from A's view (only A listed): A serves and claims it.
+	if _, forward, _ := a.RouteKey(bg, s, key, ownerA.Addr); forward {
+		t.Fatal("A alone forwarded the key")
+	}
+	a.KeyAnswered(bg, s, key, ownerA.Addr)
+	a.Members().Refresh(bg)
+
+	a.Members().OnForgotten(func() { a.ReclaimKeys(bg, s) })
+	s.mu.Lock()
+	clear(s.owners) // the engine restarts empty: records and leases gone
+	s.mu.Unlock()
+	l.forget()
+	a.Members().Renew(bg) // A learns the engine forgot it, and claims its keys again
+	b.Members().Renew(bg)
+	a.Members().Refresh(bg)
+	b.Members().Refresh(bg)
+
+	_, aFwd, aWait := a.RouteKey(bg, s, key, ownerA.Addr)
+	_, bFwd, bWait := b.RouteKey(bg, s, key, ownerB.Addr)
+	if !aFwd && !aWait && !bFwd && !bWait {
+		t.Fatalf("after the engine forgot the key's record, both A (its claimer) and B (its hash) serve %q", key)
 	}
 }

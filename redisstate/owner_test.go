@@ -190,18 +190,18 @@ func TestRedisRunningMarkOutlastsATakeOverAndIsClearedByItsMaker(t *testing.T) {
 // An instance's lease stands while it renews it, on Redis' clock, and is
 // listed with its address. Unrenewed, it lapses and is listed as lapsed,
 // and its next renewal answers a higher epoch; a dropped lease is listed
-// as lapsed as long ago as the drop says.
+// as dropped.
 func TestRedisLeasesStandWhileRenewedAndLapseOtherwise(t *testing.T) {
 	addr := redistest.Start(t)
 	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
 	store := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
 	ctx := context.Background()
 	for i := range 2 {
-		if epoch, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || epoch != 1 {
-			t.Fatalf("Renew %d = %v, %v; want epoch 1", i, epoch, err)
+		if epoch, existed, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || epoch != 1 || existed != (i == 1) {
+			t.Fatalf("Renew %d = %v, %v, %v; want epoch 1, there before only the second time", i, epoch, existed, err)
 		}
 	}
-	if _, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", 50*time.Millisecond); err != nil {
+	if _, _, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	members, err := store.Members(ctx)
@@ -212,14 +212,17 @@ func TestRedisLeasesStandWhileRenewedAndLapseOtherwise(t *testing.T) {
 		m, err := store.Members(ctx)
 		return err == nil && m["bbbb"].Lapsed > 0 && m["aaaa"].Lapsed == 0
 	})
-	if epoch, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", time.Hour); err != nil || epoch != 2 {
+	if epoch, _, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", time.Hour); err != nil || epoch != 2 {
 		t.Fatalf("Renew after the lapse = %v, %v; want epoch 2", epoch, err)
 	}
 	if err := store.Drop(ctx, "aaaa", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	m, err := store.Members(ctx)
-	if err != nil || m["aaaa"].Lapsed < time.Minute || m["bbbb"].Lapsed != 0 {
-		t.Fatalf("Members after a drop = %v, %v", m, err)
+	if err != nil || !m["aaaa"].Dropped || m["bbbb"].Lapsed != 0 {
+		t.Fatalf("Members after a drop = %v, %v; want aaaa dropped, bbbb standing", m, err)
+	}
+	if epoch, existed, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || !existed || epoch != 2 {
+		t.Fatalf("Renew after a drop = %v, %v, %v; want epoch 2", epoch, existed, err)
 	}
 }

@@ -423,15 +423,17 @@ const membersKey = "members"
 const membersLife = 24 * time.Hour
 
 // renewLeaseScript keeps the lease ARGV[1] (address ARGV[2]) for ARGV[3]
-// ms more and answers its epoch: 1 for a new lease, one more than before
-// if it had lapsed.
+// ms more and answers its epoch (1 for a new lease, one more than before
+// if it had lapsed) and whether Redis had it at all.
 var renewLeaseScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 local epoch = 1
+local existed = 0
 if old then
-  local exp, ep = string.match(old, '^(%d+) (%d+) ')
+  existed = 1
+  local exp, ep = string.match(old, '^(%d+) d?(%d+) ')
   if ep then
     epoch = tonumber(ep)
     if tonumber(exp) <= now then epoch = epoch + 1 end
@@ -439,7 +441,7 @@ if old then
 end
 redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[3])) .. ' ' .. epoch .. ' ' .. ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return epoch
+return {epoch, existed}
 `)
 
 // dropLeaseScript ends the lease ARGV[1] as if it had lapsed ARGV[2] ms
@@ -449,26 +451,30 @@ local old = redis.call('HGET', KEYS[1], ARGV[1])
 if not old then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local exp, rest = string.match(old, '^(%d+) (.*)$')
-if not rest then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], (now - tonumber(ARGV[2])) .. ' ' .. rest)
+local exp, epoch, addr = string.match(old, '^(%d+) d?(%d+) (.*)$')
+if not addr then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], (now - tonumber(ARGV[2])) .. ' d' .. epoch .. ' ' .. addr)
 return 1
 `)
 
 // membersScript lists the leases as ID, address, ms since it lapsed (0
-// while it stands), and removes those lapsed longer than ARGV[1] ms.
+// while it stands; "dropped" for one its instance ended), and removes
+// those lapsed longer than ARGV[1] ms.
 var membersScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local all = redis.call('HGETALL', KEYS[1])
 local out = {}
 for i = 1, #all, 2 do
-  local exp, addr = string.match(all[i + 1], '^(%d+) %d+ (.*)$')
+  local exp, dropped, addr = string.match(all[i + 1], '^(%d+) (d?)%d+ (.*)$')
   exp = tonumber(exp)
   if exp and now - exp <= tonumber(ARGV[1]) then
     out[#out + 1] = all[i]
     out[#out + 1] = addr
-    out[#out + 1] = tostring(math.max(0, now - exp))
+    local lapsed = '0'
+    if dropped == 'd' then lapsed = 'dropped'
+    elseif exp <= now then lapsed = tostring(math.max(1, now - exp)) end
+    out[#out + 1] = lapsed
   else
     redis.call('HDEL', KEYS[1], all[i])
   end
@@ -477,10 +483,13 @@ return out
 `)
 
 // RenewLease keeps instance id's lease (stateengine.Abilities.RenewLease).
-func (r *Engine) RenewLease(ctx context.Context, id, addr string, life time.Duration) (uint64, error) {
-	n, err := renewLeaseScript.Run(ctx, r.client, []string{r.KeyPrefix + membersKey}, id, addr,
-		life.Milliseconds(), membersLife.Milliseconds()).Int64()
-	return uint64(n), err
+func (r *Engine) RenewLease(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
+	v, err := renewLeaseScript.Run(ctx, r.client, []string{r.KeyPrefix + membersKey}, id, addr,
+		life.Milliseconds(), membersLife.Milliseconds()).Int64Slice()
+	if err != nil || len(v) != 2 {
+		return 0, false, err
+	}
+	return uint64(v[0]), v[1] == 1, nil
 }
 
 // DropLease ends instance id's lease as lapsed long enough ago for its
@@ -497,6 +506,10 @@ func (r *Engine) Members(ctx context.Context) (map[string]stateengine.Lease, err
 	}
 	m := make(map[string]stateengine.Lease, len(fields)/3)
 	for i := 0; i+2 < len(fields); i += 3 {
+		if fields[i+2] == "dropped" {
+			m[fields[i]] = stateengine.Lease{Addr: fields[i+1], Lapsed: time.Millisecond, Dropped: true}
+			continue
+		}
 		ms, _ := strconv.ParseInt(fields[i+2], 10, 64)
 		m[fields[i]] = stateengine.Lease{Addr: fields[i+1], Lapsed: time.Duration(ms) * time.Millisecond}
 	}

@@ -216,13 +216,19 @@ func (s *Adapter) RunningFor(ctx context.Context, id string) (time.Duration, err
 }
 
 // Renew keeps instance id's lease (owner.Leases).
-func (s *Adapter) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, error) {
+func (s *Adapter) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
 	if s.abilities.RenewLease == nil {
-		return 0, errNoOwners
+		return 0, false, errNoOwners
 	}
-	return bounded(s, ctx, OpRenewLease, "", "", func(ctx context.Context, _ string) (uint64, error) {
-		return s.abilities.RenewLease(ctx, id, addr, life)
+	type renewal struct {
+		epoch   uint64
+		existed bool
+	}
+	r, err := bounded(s, ctx, OpRenewLease, "", "", func(ctx context.Context, _ string) (renewal, error) {
+		epoch, existed, err := s.abilities.RenewLease(ctx, id, addr, life)
+		return renewal{epoch, existed}, err
 	})
+	return r.epoch, r.existed, err
 }
 
 // Drop ends instance id's lease as lapsed that long ago (owner.Leases).
@@ -245,7 +251,7 @@ func (s *Adapter) Members(ctx context.Context) (map[string]owner.Lease, error) {
 		listed, err := s.abilities.Members(ctx)
 		m := make(map[string]owner.Lease, len(listed))
 		for id, l := range listed {
-			m[id] = owner.Lease{Addr: l.Addr, Lapsed: l.Lapsed}
+			m[id] = owner.Lease{Addr: l.Addr, Lapsed: l.Lapsed, Dropped: l.Dropped}
 		}
 		return m, err
 	})

@@ -94,10 +94,10 @@ type Abilities struct {
 	// leases (package owner's Leases): RenewLease keeps instance id's
 	// lease, reached at addr, for life more on the engine's clock and
 	// answers its epoch (1 for a new lease, one more each time it had
-	// lapsed); DropLease ends it as lapsed that long ago; Members lists
+	// lapsed) and whether the engine had it at all; DropLease ends it as lapsed that long ago; Members lists
 	// the leases, those that lapsed within a day included. Order owner
 	// needs them.
-	RenewLease func(ctx context.Context, id, addr string, life time.Duration) (epoch uint64, err error)
+	RenewLease func(ctx context.Context, id, addr string, life time.Duration) (epoch uint64, existed bool, err error)
 	DropLease  func(ctx context.Context, id string, lapsed time.Duration) error
 	Members    func(ctx context.Context) (map[string]Lease, error)
 }
@@ -107,6 +107,8 @@ type Lease struct {
 	Addr string
 	// Lapsed is how long ago the lease lapsed; 0 while it stands.
 	Lapsed time.Duration
+	// Dropped: its instance ended it (Drop), handing its sessions over.
+	Dropped bool
 }
 
 // Op is one call to an engine, the value of the op label of
