@@ -63,7 +63,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case http.MethodGet:
 		return h.serveGetStream(w, r, next, info)
 	case http.MethodDelete:
-		return h.serveInTurn(w, r, next, info, serializer.EndsSession, nil)
+		return h.serveInTurn(w, r, next, info, serializer.EndsSession, nil, nil)
 	case http.MethodPost:
 		body, err := h.readBody(r)
 		defer h.budget.release(body.held) // the body lives until the request ends
@@ -74,9 +74,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
 			return err
 		}
-		return h.serveInTurn(w, r, next, info, body.traits, body.id)
+		return h.serveInTurn(w, r, next, info, body.traits, body.id, body.raw)
 	}
-	return h.serveInTurn(w, r, next, info, 0, nil)
+	return h.serveInTurn(w, r, next, info, 0, nil, nil)
 }
 
 // serveSessionless forwards a POST without a session untouched, body
@@ -141,7 +141,7 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 	if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
 		return err
 	}
-	return h.serveInTurn(w, r, next, info, body.traits, body.id)
+	return h.serveInTurn(w, r, next, info, body.traits, body.id, body.raw)
 }
 
 // serveKeyedInitialize serves an initialize in its key's queue: at the
@@ -204,8 +204,9 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request, 
 	return turn
 }
 
-// serveInTurn forwards the request once it is the session's turn.
-func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo, traits serializer.Traits, reqID []byte) error {
+// serveInTurn forwards the request once it is the session's turn. raw is
+// the body read, as for serveAtOwner.
+func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo, traits serializer.Traits, reqID, raw []byte) error {
 	// Made before the turn: the table may ask it for a synthesizer.
 	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r}
 	unproven, password, err := h.awaitProof(r, info)
@@ -229,6 +230,15 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	ew.turn = turn
 	// Deferred so that a panic downstream still frees the slot.
 	defer func() { ew.turn.Done(ew.status) }()
+	if h.owners != nil {
+		if owned, _ := info.owned(); !h.owners.Confirm(r.Context(), h.ownerStore, owned) {
+			// This instance's lease lapsed while the request waited (it
+			// was paused) and the session moved: it goes to the owner.
+			ew.turn.Done(0)
+			ew.turn = serializer.Turn{}
+			return h.serveMoved(w, r, info, reqID, raw)
+		}
+	}
 	ended, err := h.previousOwnerDone(w, r, info, turn.Waited(), reqID)
 	if ended == nil {
 		ew.status = http.StatusServiceUnavailable
@@ -247,6 +257,20 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	return err
 }
 
+// serveMoved sends a request whose session moved to another instance
+// while it waited here on to that instance, or answers 503 if it cannot
+// (its body went unread, or the owner cannot be learned).
+func (h *Handler) serveMoved(w http.ResponseWriter, r *http.Request, info *requestInfo, reqID, raw []byte) error {
+	if raw != nil || r.Body == nil || r.Body == http.NoBody {
+		if forwarded, err := h.serveAtOwner(w, r, info, raw, reqID); forwarded {
+			return err
+		}
+	}
+	w.Header().Set("Retry-After", "1")
+	return h.reject(w, r, "owner_moved", http.StatusServiceUnavailable, codeServerError,
+		"this instance's lease lapsed (it was paused or cut off) and "+info.waitsIn()+" moved to another instance; retry", reqID)
+}
+
 // previousOwnerDone waits, with order owner, until an instance that owned
 // the request's session or key before this one has ended its last
 // exchange, for what is left of queue_timeout after waited. ended, called
@@ -258,11 +282,6 @@ func (h *Handler) previousOwnerDone(w http.ResponseWriter, r *http.Request, info
 		return func() {}, nil
 	}
 	owned, _ := info.owned()
-	if !h.owners.Confirm(r.Context(), h.ownerStore, owned) {
-		w.Header().Set("Retry-After", "1")
-		return nil, h.reject(w, r, "owner_moved", http.StatusServiceUnavailable, codeServerError,
-			"this instance's lease lapsed (it was paused or cut off) and "+info.waitsIn()+" may have moved to another instance; retry", reqID)
-	}
 	if !h.owners.AwaitPrevious(r.Context(), h.applied.runningStore, owned, time.Now().Add(h.settings.QueueTimeout-waited)) {
 		w.Header().Set("Retry-After", "1")
 		return nil, h.reject(w, r, "previous_owner", http.StatusServiceUnavailable, codeServerError,

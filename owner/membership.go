@@ -2,7 +2,6 @@ package owner
 
 import (
 	"context"
-	"hash/fnv"
 	"net"
 	"sync"
 	"time"
@@ -397,38 +396,6 @@ func (m *Membership) Status(id string) (Liveness, string) {
 		return Unknown, ""
 	}
 	return Alive, mb.addr
-}
-
-// Rendezvous is the instance a key's value hashes to among this instance
-// and those the last listing showed live: the one with the highest hash
-// of the value and its ID. The zero Owner if none has an address.
-func (m *Membership) Rendezvous(key string) Owner {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var best Owner
-	var bestScore uint64
-	consider := func(id, addr string) {
-		if addr == "" {
-			return
-		}
-		h := fnv.New64a()
-		h.Write([]byte(key))
-		h.Write([]byte{0})
-		h.Write([]byte(id))
-		if score := h.Sum64(); best.ID == "" || score > bestScore || score == bestScore && id > best.ID {
-			best, bestScore = Owner{ID: id, Addr: addr}, score
-		}
-	}
-	if mb := m.members[m.self]; mb != nil && !mb.absent {
-		// Only once listed itself: the others hash over the listing.
-		consider(m.self, m.addr)
-	}
-	for id, mb := range m.members {
-		if !mb.absent && id != m.self {
-			consider(id, mb.addr)
-		}
-	}
-	return best
 }
 
 // Listed reports whether the last listing showed instance id's lease, and

@@ -65,8 +65,8 @@ type Claimer interface {
 	Store
 	// Claim records me as the owner of id unless one is, creating its
 	// record if there is none, and returns the owner recorded then; a
-	// record me owns lives one session's life more.
-	Claim(ctx context.Context, id, me string) (owner string, err error)
+	// record me owns lives life more (0: one session's life).
+	Claim(ctx context.Context, id, me string, life time.Duration) (owner string, err error)
 }
 
 // RunningStore marks a session's record while its owner's exchange runs
@@ -132,7 +132,8 @@ type known struct {
 	// epoch: the lease epoch (Membership.Current) in which this instance
 	// last knew the session its own.
 	epoch uint64
-	key   bool // a key's queue, claimed (KeyAnswered)
+	key   bool // a key's queue
+	trial bool // a key claimed for keyTrialLife (RouteKey)
 }
 
 // NewDirectory returns the directory of the instance members names. It
@@ -235,15 +236,13 @@ func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) 
 	return d.routeTo(ctx, s, id, o, here)
 }
 
-// RouteKey is Route for a key's queue, which has no record until its
-// owner claims it, and claims it only once the upstream has answered one
-// of its requests (KeyAnswered): a flood of made-up values writes nothing.
-// Until then the key goes to the live instance its value hashes to
-// (rendezvous hashing over the leases listed), so that instances agree on
-// it without a write; they can disagree only while an instance joins or
-// leaves, and only for a key not yet answered. The owner claims it again,
-// which keeps its record alive, once half a session's life has passed
-// since it last did.
+// RouteKey is Route for a key's queue, which has no record until an
+// instance claims it: the first instance to meet the key owns it, for
+// keyTrialLife only until the upstream has answered one of its requests
+// (KeyAnswered), so that a flood of made-up values leaves nothing in the
+// engine for long. The owner claims it again, which keeps its record
+// alive, once half a session's life has passed since it last did, whether
+// its requests arrive directly or forwarded.
 func (d *Directory) RouteKey(ctx context.Context, s Claimer, id, here string) (o Owner, forward, wait bool) {
 	if here == "" {
 		return Owner{}, false, false
@@ -252,23 +251,30 @@ func (d *Directory) RouteKey(ctx context.Context, s Claimer, id, here string) (o
 	if k, ok := d.entry(id); ok {
 		return d.routeTo(ctx, s, id, k.owner, here)
 	}
-	o, found := d.learn(ctx, id, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) })
-	if found && o.ID != "" {
-		return d.routeTo(ctx, s, id, o, here)
+	me := Owner{ID: d.self, Addr: here}
+	o, ok := d.learn(ctx, id, func(ctx context.Context) (string, bool, error) {
+		rec, err := s.Claim(ctx, id, me.String(), keyTrialLife)
+		return rec, err == nil, err
+	})
+	if !ok {
+		return Owner{}, false, false
 	}
-	if o = d.members.Rendezvous(id); o.ID == "" || o.ID == d.self {
-		return Owner{ID: d.self, Addr: here}, false, false
+	if o == me {
+		d.rememberKey(id, o, true)
 	}
-	return o, true, false
+	return d.routeTo(ctx, s, id, o, here)
 }
 
+// keyTrialLife is how long a key's claim lives before the upstream has
+// answered one of its requests.
+const keyTrialLife = 30 * time.Second
+
 // KeyAnswered is told that the upstream answered a request of key id
-// served here with a 2xx: the key is claimed for this instance (unless
-// another claimed it first), or claimed again once half a session's life
-// has passed since the last claim.
+// served here with a 2xx: the claim is made to last a session's life the
+// first time, and renewed once half of it has passed.
 func (d *Directory) KeyAnswered(ctx context.Context, s Claimer, id, here string) {
 	k, ok := d.entry(id)
-	if ok && (k.owner.ID != d.self || d.now().Sub(k.learned) < d.sessionTTL()/2) {
+	if ok && (k.owner.ID != d.self || !k.trial && d.now().Sub(k.learned) < d.sessionTTL()/2) {
 		return
 	}
 	if here == "" {
@@ -277,9 +283,9 @@ func (d *Directory) KeyAnswered(ctx context.Context, s Claimer, id, here string)
 	if here == "" {
 		return
 	}
-	rec, err := s.Claim(ctx, id, Owner{ID: d.self, Addr: here}.String())
+	rec, err := s.Claim(ctx, id, Owner{ID: d.self, Addr: here}.String(), 0)
 	if o, parsed := Parse(rec); err == nil && parsed {
-		d.rememberKey(id, o)
+		d.rememberKey(id, o, false)
 	}
 }
 
@@ -300,18 +306,19 @@ func (d *Directory) ReclaimKeys(ctx context.Context, s Claimer) {
 		if ctx.Err() != nil {
 			return
 		}
-		rec, err := s.Claim(ctx, id, Owner{ID: d.self, Addr: d.members.Addr()}.String())
+		rec, err := s.Claim(ctx, id, Owner{ID: d.self, Addr: d.members.Addr()}.String(), 0)
 		if o, parsed := Parse(rec); err == nil && parsed {
-			d.rememberKey(id, o)
+			d.rememberKey(id, o, false)
 		}
 	}
 }
 
-func (d *Directory) rememberKey(id string, o Owner) {
+// rememberKey remembers key id's owner; trial: claimed for keyTrialLife.
+func (d *Directory) rememberKey(id string, o Owner, trial bool) {
 	d.rememberTakenOver(id, o, false)
 	d.mu.Lock()
 	if k, ok := d.known[id]; ok {
-		k.key = true
+		k.key, k.trial = true, trial
 		d.known[id] = k
 	}
 	d.mu.Unlock()
@@ -478,7 +485,7 @@ func (d *Directory) claimLost(ctx context.Context, c Claimer, id, here string) (
 	}
 	d.members.SetAddr(here)
 	me := Owner{ID: d.self, Addr: here}
-	rec, err := c.Claim(ctx, id, me.String())
+	rec, err := c.Claim(ctx, id, me.String(), 0)
 	if err != nil {
 		return Owner{}, false, true
 	}

@@ -511,7 +511,7 @@ func TestRedisEngineRunsAsTheLeastPrivilegedUser(t *testing.T) {
 	if owner, found, err := store.TakeOver(ctx, "s", a, b); err != nil || !found || owner != b {
 		t.Fatalf("TakeOver = %q, %v, %v", owner, found, err)
 	}
-	if owner, err := store.Claim(ctx, "key cart", a); err != nil || owner != a {
+	if owner, err := store.Claim(ctx, "key cart", a, 0); err != nil || owner != a {
 		t.Fatalf("Claim = %q, %v", owner, err)
 	}
 	if err := store.MarkRunning(ctx, "s", b, time.Minute); err != nil {

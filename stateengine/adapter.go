@@ -180,15 +180,19 @@ func (s *Adapter) TakeOver(ctx context.Context, id, from, to string) (string, bo
 
 // Claim records me as the owner of id unless one is, and returns the
 // owner recorded then (owner.Claimer): for a key's queue, which has no
-// record until its first claim. The record lives as long as a session's.
-func (s *Adapter) Claim(ctx context.Context, id, me string) (string, error) {
+// record until its first claim. The record lives life more, or as long
+// as a session's for 0.
+func (s *Adapter) Claim(ctx context.Context, id, me string, life time.Duration) (string, error) {
 	if s.claimOwner == nil {
 		return "", errNoOwners
 	}
 	key := serializer.StoreKey(id)
 	s.notFound.drop(key)
 	return bounded(s, ctx, OpClaimOwner, id, key, func(ctx context.Context, key string) (string, error) {
-		return s.claimOwner(ctx, key, me, s.ttl)
+		if life == 0 {
+			life = s.ttl
+		}
+		return s.claimOwner(ctx, key, me, life)
 	})
 }
 
