@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -731,5 +732,89 @@ func TestAReloadThatTurnsOrderOwnerOffHandsTheSessionsOver(t *testing.T) {
 	if a.status != http.StatusOK {
 		t.Fatalf("after a's order owner was turned off, the session's request at b: %d (upstream ran it %d times) %s",
 			a.status, hits.Load()-before, a.body)
+	}
+}
+
+// hopRelay passes TCP connections on to target until cut, which refuses
+// and breaks them from then on: a partition of the hop to one instance,
+// while the front and Redis still reach it.
+type hopRelay struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startHopRelay(t *testing.T, target string) *hopRelay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hopRelay{ln: ln}
+	t.Cleanup(h.cut)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			h.mu.Lock()
+			h.conns = append(h.conns, c, up)
+			h.mu.Unlock()
+			go func() { io.Copy(up, c); up.Close() }()
+			go func() { io.Copy(c, up); c.Close() }()
+		}
+	}()
+	return h
+}
+
+func (h *hopRelay) cut() {
+	h.ln.Close()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.conns {
+		c.Close()
+	}
+}
+
+// A partition between instances (the hop to the owner cut, while the
+// front and Redis still reach it) costs requests on the far side a 503
+// after queue_timeout: the owner's lease stands, so its session is never
+// taken over and never served beside it; on the owner's side it goes on.
+func TestAPartitionBetweenInstancesCosts503sNeverTwoServers(t *testing.T) {
+	var minted atomic.Int64
+	up, addr := newUpstream(t, echoingAnswer(func() string { return fmt.Sprintf("up-%d", minted.Add(1)) }))
+	in := startOwnerInstances(t, addr, "queue_timeout 2s")
+	relay := startHopRelay(t, strings.TrimPrefix(in.a, "http://"))
+	full := in.caddyfile("")
+	start := strings.Index(full, in.a+" {")
+	site := strings.Replace(full[start:], "\t\torder owner\n", "\t\torder owner\n\t\tadvertise "+relay.ln.Addr().String()+"\n", 1)
+	loadThroughAdmin(t, in.admin, full[:start]+site)
+
+	ctx := context.Background()
+	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
+	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
+	if a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("2", "tools/list")); a.status != http.StatusOK {
+		t.Fatalf("through the hop before the partition: %d %s", a.status, a.body)
+	}
+	relay.cut()
+	before := len(up.requests())
+	a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("3", "tools/call"))
+	if a.status != http.StatusServiceUnavailable || !strings.Contains(string(a.body), "could not be reached") {
+		t.Fatalf("across the partition: %d %s; want 503, owner unreachable", a.status, a.body)
+	}
+	if n := len(up.requests()) - before; n != 0 {
+		t.Fatalf("the upstream got %d requests from across the partition, want none", n)
+	}
+	if n := scrapeMetric(t, in.b, "caddy_mcp_serializer_takeovers_total"); n != 0 {
+		t.Fatalf("b took over %v sessions across the partition, want none", n)
+	}
+	if a := call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, rpcRequest("4", "tools/list")); a.status != http.StatusOK {
+		t.Fatalf("on the owner's side of the partition: %d %s", a.status, a.body)
 	}
 }
