@@ -63,7 +63,14 @@ const (
 // handler's placeholders, never from the request, and SSE responses flow
 // back as they are written.
 func newForwarder(ctx caddy.Context) (*reverseproxy.Handler, error) {
-	transport := &reverseproxy.HTTPTransport{DialTimeout: caddy.Duration(forwardDialTimeout)}
+	// A new connection for each forward: a stopping owner closes its idle
+	// ones, and a request sent on one just as it closes fails after it
+	// may have been sent; a refused dial is retried safely instead.
+	keepAlive := false
+	transport := &reverseproxy.HTTPTransport{
+		DialTimeout: caddy.Duration(forwardDialTimeout),
+		KeepAlive:   &reverseproxy.KeepAlive{Enabled: &keepAlive},
+	}
 	proxy := &reverseproxy.Handler{
 		TransportRaw:  caddyconfig.JSONModuleObject(transport, "protocol", "http", nil),
 		Upstreams:     reverseproxy.UpstreamPool{{Dial: "{" + placeholderOwner + "}"}},
