@@ -132,15 +132,17 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		if raw != nil {
 			r.Body = io.NopCloser(bytes.NewReader(raw))
 		}
+		if sent {
+			// Its body went to the instance that refused it: whatever
+			// comes next, here or elsewhere, would get none of it.
+			w.Header().Set("Retry-After", "1")
+			return true, h.reject(w, r, "owner_moved", http.StatusServiceUnavailable, codeServerError,
+				"this MCP session moved to another instance while its large request was on its way; retry", reqID)
+		}
 		if !forward && !wait {
 			return false, nil
 		}
 		if forward {
-			if sent {
-				w.Header().Set("Retry-After", "1")
-				return true, h.reject(w, r, "owner_moved", http.StatusServiceUnavailable, codeServerError,
-					"this MCP session moved to another instance while its large request was on its way; retry", reqID)
-			}
 			res, err := h.forward(w, r, o)
 			switch res {
 			case forwardAnswered:
