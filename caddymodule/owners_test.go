@@ -818,3 +818,39 @@ func TestAPartitionBetweenInstancesCosts503sNeverTwoServers(t *testing.T) {
 		t.Fatalf("on the owner's side of the partition: %d %s", a.status, a.body)
 	}
 }
+
+// A request too large to keep whose body went to the instance its id
+// names, which refused it (421: it does not serve the session), is
+// answered 503 with Retry-After and sent nowhere else: its body is gone,
+// and serving it here or forwarding it again would send none of it.
+func TestALargeRequestRefusedByTheOwnerItNamesIsAnswered503NotServedWithoutItsBody(t *testing.T) {
+	var minted atomic.Int64
+	up, addr := newUpstream(t, echoingAnswer(func() string { return fmt.Sprintf("up-%d", minted.Add(1)) }))
+	in := startOwnerInstances(t, addr, "max_body 1KiB")
+	ctx := context.Background()
+	made := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
+	instanceA, _, ok := owner.SplitOwner(made)
+	if !ok {
+		t.Fatalf("a's session id %q names no instance", made)
+	}
+	// b forwards an id naming a once its listing shows a's lease; until
+	// then such an id is an unknown session, served where it lands.
+	const refused = `caddy_mcp_serializer_forwards_total{result="not_owner"}`
+	wait.Until(t, "b forwards to a", func() bool {
+		probe, _ := owner.WithOwner(instanceA, "probe")
+		before := scrapeMetric(t, in.b, refused)
+		call(ctx, http.DefaultClient, http.MethodPost, in.b, probe, rpcRequest("2", "tools/list"))
+		return scrapeMetric(t, in.b, refused) > before
+	})
+	// An id naming a, for a session a never served.
+	unknown, _ := owner.WithOwner(instanceA, "never-served-by-a")
+	before := len(up.requests())
+	large := `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"pad":"` + strings.Repeat("x", 8<<10) + `"}}`
+	a := call(ctx, http.DefaultClient, http.MethodPost, in.b, unknown, large)
+	if a.status != http.StatusServiceUnavailable || a.header.Get("Retry-After") == "" || !strings.Contains(string(a.body), "moved") {
+		t.Fatalf("a large request refused by the instance its id names: %d %v %s; want 503 with Retry-After, owner moved", a.status, a.header, a.body)
+	}
+	if n := len(up.requests()) - before; n != 0 {
+		t.Fatalf("the upstream got %d requests, want none: the body went to the instance that refused it", n)
+	}
+}
