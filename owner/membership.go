@@ -50,6 +50,9 @@ const (
 	// before it reads who owns its sessions, so that a takeover decided
 	// on a listing from before its renewal has landed.
 	verifyDelay = time.Second
+	// renewRetryEvery spaces the renewals tried while this instance does
+	// not know whether its lease stands (see Membership.unsure).
+	renewRetryEvery = 100 * time.Millisecond
 )
 
 // Liveness is what an instance knows of another's lease.
@@ -78,13 +81,22 @@ type Membership struct {
 	self                              string
 	addr                              string
 	held                              bool // a renewal has succeeded
-	// leaseEpoch is the engine\'s epoch of the lease at the last renewal.
+	// leaseEpoch is the engine's epoch of the lease at the last renewal.
 	leaseEpoch  uint64
 	onForgotten func()    // see OnForgotten
 	attempt     time.Time // when the last renewal attempt ended, whatever its answer
-	epoch       uint64    // how many times the lease was found lapsed
-	lapsedAt    time.Time // when it was last found lapsed
-	members     map[string]*member
+	// unsure: the last renewal failed a lease's life or more after the
+	// attempt before it ended, or was answered that long after it was
+	// sent (this instance was paused, or stuck in the call), and none has
+	// been answered in time since. Its lease may have lapsed while the
+	// others could reach the engine and took its sessions over, so it
+	// sends nothing upstream until a renewal tells it. Failures in a
+	// steady rhythm (an engine outage for all) leave it sure: nobody can
+	// take a session over without the engine.
+	unsure   bool
+	epoch    uint64    // how many times the lease was found lapsed
+	lapsedAt time.Time // when it was last found lapsed
+	members  map[string]*member
 	// lastListed is when the last listing ended, whatever its answer.
 	lastListed time.Time
 	listings   int           // listings ended, whatever their answer
@@ -202,19 +214,30 @@ func (m *Membership) Renew(ctx context.Context) {
 	var existed bool
 	var err error
 	l := m.leases()
+	began := m.now()
 	if l != nil && addr != "" {
 		epoch, existed, err = l.Renew(ctx, m.self, addr, m.life)
 	}
 	forgotten := false
 
 	m.mu.Lock()
-	m.attempt = m.now()
+	now := m.now()
+	// A failure a lease's life or more after the last attempt ended, or an
+	// answer that took that long, says nothing of the lease now: this
+	// instance was paused, or stuck in the call, long enough for it to
+	// lapse.
+	late := m.held && (err != nil && now.Sub(m.attempt) >= m.life || err == nil && now.Sub(began) >= m.life)
+	m.attempt = now
 	switch {
-	case l == nil || addr == "" || err != nil:
-		// Nobody can take a session over without the engine either.
+	case l == nil || addr == "":
+	case err != nil:
+		// Nobody can take a session over without the engine either,
+		// unless this instance alone went without it.
+		m.unsure = m.unsure || late
 	case m.held && epoch > m.leaseEpoch:
 		// It lapsed since the last renewal seen: sessions may have been
 		// taken over meanwhile.
+		m.unsure = false
 		m.epoch++
 		m.lapsedAt = m.now()
 		m.leaseEpoch = epoch
@@ -222,7 +245,7 @@ func (m *Membership) Renew(ctx context.Context) {
 		// The first renewal, or the engine forgot every lease (it
 		// restarted empty): nobody saw this one lapse.
 		forgotten = m.held && !existed
-		m.held, m.leaseEpoch = true, epoch
+		m.held, m.leaseEpoch, m.unsure = true, epoch, late
 	}
 	onForgotten := m.onForgotten
 	m.mu.Unlock()
@@ -268,17 +291,32 @@ func (m *Membership) join(ctx context.Context, running *chan struct{}) (end func
 // sends an exchange upstream: an instance that was frozen renews first,
 // and learns whether its lease lapsed meanwhile. It returns the lease's
 // epoch (how many times it was found lapsed) and when the latest lapse
-// was found.
-func (m *Membership) Current(ctx context.Context) (epoch uint64, lapsedAt time.Time) {
+// was found; sure is false if, after a pause, no renewal succeeded within
+// a lease's life (or before ctx ended), so that whether the lease lapsed
+// is not known.
+func (m *Membership) Current(ctx context.Context) (epoch uint64, lapsedAt time.Time, sure bool) {
 	m.mu.Lock()
 	stale := m.held && m.now().Sub(m.attempt) >= m.stale
 	m.mu.Unlock()
 	if stale {
 		m.Renew(ctx)
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.epoch, m.lapsedAt
+	ctx, cancel := context.WithTimeout(ctx, m.life)
+	defer cancel()
+	for {
+		m.mu.Lock()
+		epoch, lapsedAt, sure = m.epoch, m.lapsedAt, !m.unsure
+		m.mu.Unlock()
+		if sure {
+			return epoch, lapsedAt, true
+		}
+		select {
+		case <-time.After(renewRetryEvery):
+		case <-ctx.Done():
+			return epoch, lapsedAt, false
+		}
+		m.Renew(ctx)
+	}
 }
 
 // Epoch is how many times this instance's lease was found lapsed.

@@ -552,7 +552,12 @@ func (d *Directory) Confirm(ctx context.Context, s Store, id string) bool {
 	if ok && k.owner.ID != d.self {
 		return true
 	}
-	epoch, lapsedAt := d.members.Current(ctx)
+	epoch, lapsedAt, sure := d.members.Current(ctx)
+	if !sure {
+		// Paused, and the engine has not said since whether its lease
+		// lapsed: another instance may serve the session now.
+		return false
+	}
 	if ok && k.epoch >= epoch || !ok && epoch == 0 {
 		return true
 	}

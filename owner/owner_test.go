@@ -863,8 +863,9 @@ func (l *lossyLeases) Renew(ctx context.Context, id, addr string, life time.Dura
 }
 
 // An owner frozen past its lease whose first renewal on waking is applied
-// but unanswered never learns that its lease lapsed: the next renewal
-// finds it standing. It then serves a session another instance took over.
+// but unanswered does not know whether its lease lapsed: it sends nothing
+// upstream until a renewal answers, and then learns from the lease's
+// epoch that it lapsed (the next renewal finds it standing).
 func TestAResumedOwnerWhoseRenewalAnswerWasLostStillConfirmsBeforeServing(t *testing.T) {
 	ctx := context.Background()
 	s, ml := newMemStore(), newMemLeases(&clock{})
@@ -884,13 +885,123 @@ func TestAResumedOwnerWhoseRenewalAnswerWasLostStillConfirmsBeforeServing(t *tes
 	}
 	// A wakes: its first renewal is applied, the answer lost.
 	ll.lose = true
-	first := a.Confirm(ctx, s, "s1")
-	// The engine answers A again.
-	ml.c.add(renewEvery)
+	if a.Confirm(ctx, s, "s1") {
+		t.Fatal("A, woken with its renewal unanswered, would send s1 upstream while B, which took it over, serves it")
+	}
+	if o, forward, _ := a.Route(ctx, s, "s1", "", ownerA.Addr); !forward || o.ID != ownerB.ID {
+		t.Fatalf("A routes s1 to %v, %v; want forwarded to B, which took it over", o, forward)
+	}
+}
+
+// An owner woken from a pause past its lease, whose renewals then fail
+// (the engine is slow to answer it alone), sends nothing upstream: its
+// lease may have lapsed and its session been taken over meanwhile. Once a
+// renewal succeeds it serves what is still its own.
+func TestAResumedOwnerWhoseRenewalsFailSendsNothingUpstreamUntilOneSucceeds(t *testing.T) {
+	ctx := context.Background()
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
 	a.Members().Renew(ctx)
-	ml.c.add(verifyDelay)
-	if first && a.Confirm(ctx, s, "s1") {
+	b.Members().Renew(ctx)
+	lapse(l, ownerA, b)
+	b.Route(ctx, s, "s1", "", ownerB.Addr)
+	// A wakes; the engine does not answer it.
+	l.mu.Lock()
+	l.fail = errors.New("no answer within 250ms")
+	l.mu.Unlock()
+	gone, leave := context.WithCancel(ctx)
+	leave() // the client left: Current gives up at once
+	if a.Confirm(gone, s, "s1") {
+		t.Fatal("A, woken past its lease with its renewal failed, would send s1 upstream while B serves it")
+	}
+	if _, _, sure := a.Members().Current(gone); sure {
+		t.Fatal("after a pause past its lease and a failed renewal, A is sure of its lease")
+	}
+	// Failures in a steady rhythm afterwards (an outage for all) leave it
+	// unsure until one succeeds.
+	l.c.add(renewEvery)
+	a.Members().Renew(ctx)
+	if _, _, sure := a.Members().Current(gone); sure {
+		t.Fatal("a later failed renewal made A sure of its lease")
+	}
+	l.mu.Lock()
+	l.fail = nil
+	l.mu.Unlock()
+	l.c.add(renewEvery)
+	a.Members().Renew(ctx)
+	if _, _, sure := a.Members().Current(ctx); !sure {
+		t.Fatal("A is still unsure after a renewal succeeded")
+	}
+	l.c.add(verifyDelay)
+	if a.Confirm(ctx, s, "s1") {
 		t.Fatal("A would send s1 upstream while B, which took it over, serves it")
+	}
+}
+
+// stuckLeases runs during, once, A's next renewal after the engine applied
+// it and before its answer arrives.
+type stuckLeases struct {
+	*memLeases
+	during func()
+}
+
+func (l *stuckLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
+	epoch, existed, err := l.memLeases.Renew(ctx, id, addr, life)
+	if during := l.during; during != nil && id == ownerA.ID {
+		l.during = nil
+		during()
+	}
+	return epoch, existed, err
+}
+
+// A renewal whose answer arrives a lease's life after it was sent (the
+// owner was paused in the call) says the lease stood when the engine
+// applied it, not now: the owner sends nothing upstream until a renewal
+// answered in time says whether it lapsed meanwhile.
+func TestARenewalAnsweredALeasesLifeLateDoesNotMakeTheOwnerSure(t *testing.T) {
+	ctx := context.Background()
+	s, ml := newMemStore(), newMemLeases(&clock{})
+	sl := &stuckLeases{memLeases: ml}
+	am := NewMembership(ownerA.ID, func() Leases { return sl }, ml.c.now)
+	am.SetAddr(ownerA.Addr)
+	a := NewDirectory(am, 100, time.Hour, ml.c.now)
+	b := leasedDir(ownerB, ml)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	a.Members().Renew(ctx)
+	b.Members().Renew(ctx)
+	sl.during = func() {
+		// A is frozen with the answer on its way; B takes s1 over.
+		lapse(ml, ownerA, b)
+		b.Route(ctx, s, "s1", "", ownerB.Addr)
+	}
+	a.Members().Renew(ctx)
+	if a.Confirm(ctx, s, "s1") {
+		t.Fatal("A, whose renewal was answered a lease's life late, would send s1 upstream while B, which took it over, serves it")
+	}
+}
+
+// Renewals that fail in a steady rhythm (the engine down for every
+// instance) leave an owner serving its sessions: nobody can take one over
+// without the engine.
+func TestAnOwnerKeepsServingWhileTheEngineAnswersNobody(t *testing.T) {
+	ctx := context.Background()
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a := leasedDir(ownerA, l)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	a.Members().Renew(ctx)
+	l.mu.Lock()
+	l.fail = errors.New("connection refused")
+	l.mu.Unlock()
+	for range 10 {
+		l.c.add(renewEvery)
+		a.Members().Renew(ctx)
+		if !a.Confirm(ctx, s, "s1") {
+			t.Fatalf("the owner stopped serving its session %v into an outage of the engine", l.c.now().Sub(time.Time{}))
+		}
 	}
 }
 
