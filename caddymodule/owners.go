@@ -413,3 +413,45 @@ type ownerStore interface {
 	owner.Leases
 	serializer.OwnerStore
 }
+
+// errSessionMoved ends a request body whose session another instance took
+// over while this one was paused on its way upstream.
+var errSessionMoved = errors.New("order owner: this instance was paused past its lease and the session moved; nothing of the body was sent")
+
+// leaseChecked is up with its body held back, at the upstream's first
+// read of it, until this instance has confirmed again that it serves the
+// session: an instance paused (SIGSTOP, a paused VM) after Confirm and
+// before the request left would otherwise send it on waking, beside the
+// instance that took the session over meanwhile. Confirm costs nothing
+// while the lease was renewed within the last two seconds.
+func (h *Handler) leaseChecked(up *http.Request, info *requestInfo) *http.Request {
+	if h.owners == nil || up.Body == nil || up.Body == http.NoBody {
+		return up
+	}
+	owned, _ := info.owned()
+	ctx := up.Context()
+	checked := up.WithContext(ctx)
+	checked.Body = &leaseCheckedBody{ReadCloser: up.Body, confirm: func() bool {
+		return h.owners.Confirm(ctx, h.ownerStore, owned)
+	}}
+	return checked
+}
+
+// leaseCheckedBody asks confirm at its first read and, if it answers
+// false, reads nothing and fails.
+type leaseCheckedBody struct {
+	io.ReadCloser
+	confirm func() bool
+	asked   bool
+	moved   bool
+}
+
+func (b *leaseCheckedBody) Read(p []byte) (int, error) {
+	if !b.asked {
+		b.asked, b.moved = true, !b.confirm()
+	}
+	if b.moved {
+		return 0, errSessionMoved
+	}
+	return b.ReadCloser.Read(p)
+}

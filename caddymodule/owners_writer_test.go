@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -98,5 +99,26 @@ func TestAnUnstampedNotOwnerAnswerIsForeign(t *testing.T) {
 	io.WriteString(ow, `{"error":"not the owner"}`)
 	if ow.notOwner || !ow.foreign || ow.wrote || rec.Body.Len() != 0 {
 		t.Fatalf("notOwner %v, foreign %v, wrote %v, body %q", ow.notOwner, ow.foreign, ow.wrote, rec.Body)
+	}
+}
+
+// A body on its way upstream is held at the upstream's first read until
+// the instance confirms it still serves the session: if another instance
+// took the session over while this one was paused, nothing of it is read.
+func TestABodyGoesUpstreamOnlyOnceTheOwnerConfirmedItStillServesTheSession(t *testing.T) {
+	for _, serves := range []bool{true, false} {
+		asked := 0
+		src := strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call"}`)
+		body := &leaseCheckedBody{ReadCloser: io.NopCloser(src), confirm: func() bool { asked++; return serves }}
+		got, err := io.ReadAll(body)
+		if asked != 1 {
+			t.Fatalf("serves %v: confirm asked %d times, want once", serves, asked)
+		}
+		if serves && (err != nil || !strings.Contains(string(got), "tools/call")) {
+			t.Fatalf("a confirmed body read %q, %v; want it whole", got, err)
+		}
+		if !serves && (!errors.Is(err, errSessionMoved) || len(got) != 0 || src.Len() == 0) {
+			t.Fatalf("a body whose session moved read %q, %v (%d bytes left); want nothing read and errSessionMoved", got, err, src.Len())
+		}
 	}
 }

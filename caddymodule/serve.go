@@ -250,7 +250,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 		// get part of its body.
 		return h.rejectWait(w, r, info, context.Canceled, reqID)
 	}
-	err = next.ServeHTTP(ew, upstreamRequest(r, info))
+	err = next.ServeHTTP(ew, h.leaseChecked(upstreamRequest(r, info), info))
 	ew.settleStatus(err)
 	h.answered(password, ew.status)
 	h.keyAnswered(r, info, ew.status)
