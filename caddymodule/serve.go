@@ -163,6 +163,11 @@ func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, n
 		publishNoSession(r)
 		return h.rejectWait(w, r, info, err, body.id)
 	}
+	if !h.stillOwner(r, info) {
+		turn.Done(0)
+		publishNoSession(r)
+		return h.serveMoved(w, r, info, body.id, body.raw)
+	}
 	defer turn.Done(0) // a key's queue takes no effect from the answer
 	ended, err := h.previousOwnerDone(w, r, info, turn.Waited(), body.id)
 	if ended == nil {
@@ -170,7 +175,7 @@ func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, n
 		return err
 	}
 	defer ended()
-	status, err := h.sessionlessExchange(w, r, next)
+	status, err := h.sessionlessExchange(w, h.leaseChecked(r, info), next)
 	h.answered(password, status)
 	h.keyAnswered(r, info, status)
 	return err
@@ -230,14 +235,10 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	ew.turn = turn
 	// Deferred so that a panic downstream still frees the slot.
 	defer func() { ew.turn.Done(ew.status) }()
-	if h.owners != nil {
-		if owned, _ := info.owned(); !h.owners.Confirm(r.Context(), h.ownerStore, owned) {
-			// This instance's lease lapsed while the request waited (it
-			// was paused) and the session moved: it goes to the owner.
-			ew.turn.Done(0)
-			ew.turn = serializer.Turn{}
-			return h.serveMoved(w, r, info, reqID, raw)
-		}
+	if !h.stillOwner(r, info) {
+		ew.turn.Done(0)
+		ew.turn = serializer.Turn{}
+		return h.serveMoved(w, r, info, reqID, raw)
 	}
 	ended, err := h.previousOwnerDone(w, r, info, turn.Waited(), reqID)
 	if ended == nil {
@@ -255,6 +256,18 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	h.answered(password, ew.status)
 	h.keyAnswered(r, info, ew.status)
 	return err
+}
+
+// stillOwner reports whether this instance may send the request upstream
+// now that it has its turn: false with order owner if its lease lapsed
+// while the request waited (it was paused) and its session or key moved
+// to another instance.
+func (h *Handler) stillOwner(r *http.Request, info *requestInfo) bool {
+	if h.owners == nil {
+		return true
+	}
+	owned, _ := info.owned()
+	return h.owners.Confirm(r.Context(), h.ownerStore, owned)
 }
 
 // serveMoved sends a request whose session moved to another instance

@@ -1,0 +1,110 @@
+package caddymodule_test
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+// leaseOf reads the lease Redis keeps for the instance reached at url:
+// its ID, expiry (unix ms), epoch and address.
+func (in *ownerInstances) leaseOf(t *testing.T, url string) (id string, exp int64, epoch, addr string) {
+	t.Helper()
+	all, err := in.redis.HGetAll(context.Background(), "mcp_serializer:members").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.TrimPrefix(url, "http://")
+	for field, v := range all {
+		parts := strings.SplitN(v, " ", 3)
+		if len(parts) == 3 && parts[2] == want {
+			exp, _ := strconv.ParseInt(parts[0], 10, 64)
+			return field, exp, strings.TrimPrefix(parts[1], "d"), parts[2]
+		}
+	}
+	return "", 0, "", ""
+}
+
+// A key's owner (a) frozen past its lease: b takes the key over (its
+// record names b). a wakes and renews, learning from the epoch that its
+// lease lapsed. A tools/list of the key reaching a then goes through
+// Confirm and is sent to b; an initialize of the key does not: since
+// Confirm moved from previousOwnerDone into serveInTurn, the keyed
+// initialize path (serveKeyedInitialize) never confirms, and a serves it
+// upstream beside b.
+func TestAKeyedInitializeAtAnOwnerWhoseLeaseLapsedIsNotServedThere(t *testing.T) {
+	ctx := context.Background()
+	_, addr := newUpstream(t, mcpAnswer("keyed-session", nil))
+	in := startOwnerInstances(t, addr, "key {http.request.header.X-User}")
+	send := func(url, user, body string) answer {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("X-User", user)
+		resp, err := do(http.DefaultClient, req)
+		if err != nil {
+			return answer{err: err}
+		}
+		defer resp.Body.Close()
+		var b strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			n, err := resp.Body.Read(buf)
+			b.WriteString(string(buf[:n]))
+			if err != nil {
+				break
+			}
+		}
+		return answer{status: resp.StatusCode, header: resp.Header, body: []byte(b.String())}
+	}
+	// b serves something, so that it holds a lease at its address.
+	if a := send(in.b, "bob", rpcRequest("1", "tools/list")); a.status != http.StatusOK {
+		t.Fatalf("bob at b: %d %s", a.status, a.body)
+	}
+	// a meets alice's key and the upstream answers: a owns it.
+	if a := send(in.a, "alice", rpcRequest("1", "tools/list")); a.status != http.StatusOK {
+		t.Fatalf("alice at a: %d %s", a.status, a.body)
+	}
+	record := "mcp_serializer:" + serializer.StoreKey(keyLine("alice"))
+	var aID, bID, bAddr string
+	wait.Until(t, "both leases and a's claim on alice", func() bool {
+		aID, _, _, _ = in.leaseOf(t, in.a)
+		bID, _, _, bAddr = in.leaseOf(t, in.b)
+		o, _ := in.redis.HGet(ctx, record, "owner").Result()
+		return aID != "" && bID != "" && strings.HasPrefix(o, aID+" ")
+	})
+
+	// a is frozen past its lease; b takes alice's key over.
+	_, _, epoch, aAddr := in.leaseOf(t, in.a)
+	now, err := in.redis.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.redis.HSet(ctx, "mcp_serializer:members", aID, strconv.FormatInt(now.UnixMilli()-10_000, 10)+" "+epoch+" "+aAddr)
+	in.redis.HSet(ctx, record, "owner", bID+" "+bAddr)
+	// a wakes: its renewal finds the lease lapsed (a new epoch), and the
+	// renewal after it shows that a has taken that answer in.
+	var bumpedExp int64
+	wait.Until(t, "a's renewal finds its lease lapsed", func() bool {
+		_, exp, e, _ := in.leaseOf(t, in.a)
+		bumpedExp = exp
+		return e != epoch && exp > now.UnixMilli()
+	})
+	wait.Until(t, "a renews once more", func() bool {
+		_, exp, _, _ := in.leaseOf(t, in.a)
+		return exp != bumpedExp
+	})
+
+	const forwarded = `caddy_mcp_serializer_forwards_total{result="forwarded"}`
+	before := scrapeMetric(t, in.a, forwarded)
+	a := send(in.a, "alice", initializeBody)
+	if a.status == http.StatusOK && scrapeMetric(t, in.a, forwarded) == before {
+		o, _ := in.redis.HGet(ctx, record, "owner").Result()
+		t.Fatalf("alice's initialize was served at a, whose lease lapsed, while the key's record names %q (b): both serve the key", o)
+	}
+}
