@@ -216,17 +216,20 @@ func (m *Membership) Renew(ctx context.Context) {
 	l := m.leases()
 	began := m.now()
 	if l != nil && addr != "" {
-		epoch, existed, err = l.Renew(ctx, m.self, addr, m.life)
+		call, cancel := context.WithTimeout(ctx, m.every)
+		epoch, existed, err = l.Renew(call, m.self, addr, m.life)
+		cancel()
 	}
 	forgotten := false
 
 	m.mu.Lock()
 	now := m.now()
-	// A failure a lease's life or more after the last attempt ended, or an
-	// answer that took that long, says nothing of the lease now: this
-	// instance was paused, or stuck in the call, long enough for it to
-	// lapse.
-	late := m.held && (err != nil && now.Sub(m.attempt) >= m.life || err == nil && now.Sub(began) >= m.life)
+	// A call begun a lease's life or more after the last one ended, or
+	// answered that long after it began, says nothing of the lease now:
+	// this instance was paused long enough for it to lapse. Each call is
+	// bounded by renewEvery, so that an engine that does not answer
+	// anyone (an outage for all) never looks like that.
+	late := m.held && (err != nil && began.Sub(m.attempt) >= m.life || now.Sub(began) >= m.life)
 	m.attempt = now
 	switch {
 	case l == nil || addr == "":
@@ -341,7 +344,9 @@ func (m *Membership) Refresh(ctx context.Context) {
 	var listed map[string]Lease
 	var err error
 	if l := m.leases(); l != nil {
-		listed, err = l.Members(ctx)
+		call, cancel := context.WithTimeout(ctx, m.every)
+		listed, err = l.Members(call)
+		cancel()
 	}
 
 	m.mu.Lock()

@@ -1229,3 +1229,114 @@ func TestAKeyIsClaimedAgainByItsOwnerWhenTheEngineForgetsIt(t *testing.T) {
 		t.Fatalf("B after the engine forgot the key: %v, %v; want forwarded to A, which serves it from what it knows", o, forward)
 	}
 }
+
+// slowDownLeases is an engine that does not answer (Redis stopped with
+// SIGSTOP, or black-holed during an ElastiCache failover): every call
+// fails after the state timeout, which the clock shows passing.
+type slowDownLeases struct {
+	*memLeases
+	timeout time.Duration
+	down    bool
+}
+
+func (l *slowDownLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, false, err // bounded: a caller gone gets its answer at once
+	}
+	if l.down {
+		l.c.add(l.timeout)
+		return 0, false, errors.New("no answer within " + l.timeout.String())
+	}
+	return l.memLeases.Renew(ctx, id, addr, life)
+}
+
+func (l *slowDownLeases) Members(ctx context.Context) (map[string]Lease, error) {
+	if l.down {
+		l.c.add(l.timeout)
+		return nil, errors.New("no answer within " + l.timeout.String())
+	}
+	return l.memLeases.Members(ctx)
+}
+
+// With `timeout 2s` (a documented setting with no upper bound), an
+// outage for every instance in which calls time out rather than being
+// refused spaces the background loop's renewals (Renew, then Refresh) 4 s
+// apart: more than a lease's life, so each failure counts as "late" and
+// the owner becomes unsure and stops sending its sessions upstream,
+// although nobody can take a session over without the engine
+// (guarantees.md: "Redis unreachable ... no overlap ... never cut").
+func TestAnOwnerKeepsServingThroughAnOutageWhoseCallsTimeOut(t *testing.T) {
+	ctx := context.Background()
+	s := newMemStore()
+	ml := newMemLeases(&clock{})
+	sl := &slowDownLeases{memLeases: ml, timeout: 2 * time.Second}
+	m := NewMembership(ownerA.ID, func() Leases { return sl }, ml.c.now)
+	m.SetAddr(ownerA.Addr)
+	a := NewDirectory(m, 100, time.Hour, ml.c.now)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	m.Renew(ctx)
+	m.Refresh(ctx)
+	sl.down = true
+	// A quiet spell: only the background loop (Start) runs, Renew then
+	// Refresh, each failing after the timeout.
+	for range 3 {
+		m.Renew(ctx)
+		m.Refresh(ctx)
+	}
+	// A request arrives. Its client has left, so that Current does not
+	// spend its 3 s of retries: only whether it is sure matters.
+	gone, leave := context.WithCancel(ctx)
+	leave()
+	if _, _, sure := m.Current(gone); !sure {
+		t.Fatalf("an outage for all whose calls time out after %v made the owner unsure of its lease: "+
+			"each of its sessions' requests waits 3 s, then 503 owner_moved, on every instance", sl.timeout)
+	}
+	if !a.Confirm(gone, s, "s1") {
+		t.Fatal("the owner stopped serving its session during an outage for all")
+	}
+}
+
+// deadlineLeases records the deadline of each call's context.
+type deadlineLeases struct {
+	*memLeases
+	left []time.Duration
+}
+
+func (l *deadlineLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
+	l.note(ctx)
+	return l.memLeases.Renew(ctx, id, addr, life)
+}
+
+func (l *deadlineLeases) Members(ctx context.Context) (map[string]Lease, error) {
+	l.note(ctx)
+	return l.memLeases.Members(ctx)
+}
+
+func (l *deadlineLeases) note(ctx context.Context) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		l.left = append(l.left, -1)
+		return
+	}
+	l.left = append(l.left, time.Until(d))
+}
+
+// Each lease call is bounded by renewEvery whatever the engine's own
+// timeout, so that an engine answering nobody spaces the calls no more
+// than that and an owner never takes an outage for all for a pause.
+func TestLeaseCallsAreBoundedByTheRenewalInterval(t *testing.T) {
+	dl := &deadlineLeases{memLeases: newMemLeases(&clock{})}
+	m := NewMembership(ownerA.ID, func() Leases { return dl }, dl.c.now)
+	m.SetAddr(ownerA.Addr)
+	m.Renew(context.Background())
+	m.Refresh(context.Background())
+	if len(dl.left) != 2 {
+		t.Fatalf("%d calls seen, want a renewal and a listing", len(dl.left))
+	}
+	for i, left := range dl.left {
+		if left < 0 || left > renewEvery {
+			t.Fatalf("call %d: %v left before its deadline (-1: none); want at most %v", i, left, renewEvery)
+		}
+	}
+}
