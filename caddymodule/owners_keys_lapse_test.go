@@ -2,10 +2,12 @@ package caddymodule_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
@@ -106,5 +108,59 @@ func TestAKeyedInitializeAtAnOwnerWhoseLeaseLapsedIsNotServedThere(t *testing.T)
 	if a.status == http.StatusOK && scrapeMetric(t, in.a, forwarded) == before {
 		o, _ := in.redis.HGet(ctx, record, "owner").Result()
 		t.Fatalf("alice's initialize was served at a, whose lease lapsed, while the key's record names %q (b): both serve the key", o)
+	}
+}
+
+// With key basic_user, a stranger who knows only a user's name sends one
+// request with a wrong password to instance a: a claims the user's key
+// for 30 s (the upstream answers 401, so the claim is never extended) but
+// keeps the key as its own in memory for session_ttl. Once Redis lets the
+// 30 s claim go, the user's next request reaching b makes b the owner,
+// and a still serves the user's requests that reach it: behind round
+// robin, the user's requests run at two instances at once.
+func TestAStrangersWrongPasswordLeavesTheUsersKeyServedAtTwoInstances(t *testing.T) {
+	ctx := context.Background()
+	_, addr := startCredentialUpstream(t)
+	in := startOwnerInstances(t, addr, "key basic_user")
+	send := func(url, auth string) int {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(rpcRequest("1", "tools/list")))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", auth)
+		resp, err := do(http.DefaultClient, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if s := send(in.a, basic("alice", "wrong")); s != http.StatusUnauthorized {
+		t.Fatalf("the stranger at a: %d", s)
+	}
+	record := "mcp_serializer:" + serializer.StoreKey(keyLine("basic_user alice"))
+	ttl, err := in.redis.PTTL(ctx, record).Result()
+	if err != nil || ttl <= 0 || ttl > 30*time.Second {
+		t.Fatalf("the stranger's claim lives %v (%v), want at most 30 s", ttl, err)
+	}
+	// What Redis does 30 s later.
+	in.redis.Del(ctx, record)
+
+	// Alice herself, through b: b claims her key, the upstream answers.
+	if s := send(in.b, basic("alice", "pw-1")); s != http.StatusOK {
+		t.Fatalf("alice at b: %d", s)
+	}
+	wait.Until(t, "b's claim on alice's key", func() bool {
+		o, _ := in.redis.HGet(ctx, record, "owner").Result()
+		return o != ""
+	})
+	if o, _ := in.redis.HGet(ctx, record, "owner").Result(); !strings.HasSuffix(o, " "+strings.TrimPrefix(in.b, "http://")) {
+		t.Fatalf("alice's key claimed by %q, want b (%s)", o, in.b)
+	}
+	const forwarded = `caddy_mcp_serializer_forwards_total{result="forwarded"}`
+	before := scrapeMetric(t, in.a, forwarded)
+	if s := send(in.a, basic("alice", "pw-1")); s == http.StatusOK && scrapeMetric(t, in.a, forwarded) == before {
+		o, _ := in.redis.HGet(ctx, record, "owner").Result()
+		t.Fatalf("alice's request at a was served there, while her key's record names %q: a stranger's one wrong password split her line over two instances", o)
 	}
 }

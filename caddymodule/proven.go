@@ -93,7 +93,7 @@ func (h *Handler) answered(password string, status int) {
 }
 
 // keyAnswered claims, with order owner, the key of a request the upstream
-// answered with a 2xx: a key costs the state engine nothing before.
+// answered with a 2xx for session_ttl: before, its claim lives 30 s.
 func (h *Handler) keyAnswered(r *http.Request, info *requestInfo, status int) {
 	if h.owners == nil || status < 200 || status > 299 {
 		return

@@ -105,8 +105,12 @@ type Directory struct {
 	// How this instance marks its long exchanges (markAfter, markLife).
 	markAfter, markLife time.Duration
 
-	mu       sync.Mutex
-	known    map[string]known       // by session id
+	mu    sync.Mutex
+	known map[string]known // by session id
+	// trials: the keys remembered on trial, oldest first (some may have
+	// been promoted or dropped since), the only entries a key on trial
+	// may displace.
+	trials   []string
 	learning map[string]*lookupCall // lookups in flight, by session id
 	refused  map[string]string      // by session id: see refusedBy
 }
@@ -214,7 +218,7 @@ func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) 
 	}
 	if !ok {
 		var found bool
-		if o, found = d.learn(ctx, id, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) }); !found {
+		if o, found = d.learn(ctx, id, d.remember, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) }); !found {
 			// No record (the engine restarted empty, or was down when
 			// the session began): a named instance whose lease may
 			// still stand keeps it, and one whose lease lapsed (it
@@ -248,19 +252,21 @@ func (d *Directory) RouteKey(ctx context.Context, s Claimer, id, here string) (o
 		return Owner{}, false, false
 	}
 	d.members.SetAddr(here)
-	if k, ok := d.entry(id); ok {
+	if k, ok := d.entry(id); ok && !(k.trial && k.owner.ID == d.self) {
 		return d.routeTo(ctx, s, id, k.owner, here)
 	}
+	// Claimed again at each request while on trial: its claim lapses in
+	// the engine keyTrialLife after the last, and another instance may
+	// have claimed it since.
 	me := Owner{ID: d.self, Addr: here}
-	o, ok := d.learn(ctx, id, func(ctx context.Context) (string, bool, error) {
+	// A key this instance claimed is remembered on trial.
+	keep := func(id string, o Owner) { d.rememberKey(id, o, o.ID == d.self) }
+	o, ok := d.learn(ctx, id, keep, func(ctx context.Context) (string, bool, error) {
 		rec, err := s.Claim(ctx, id, me.String(), keyTrialLife)
 		return rec, err == nil, err
 	})
 	if !ok {
 		return Owner{}, false, false
-	}
-	if o == me {
-		d.rememberKey(id, o, true)
 	}
 	return d.routeTo(ctx, s, id, o, here)
 }
@@ -315,13 +321,9 @@ func (d *Directory) ReclaimKeys(ctx context.Context, s Claimer) {
 
 // rememberKey remembers key id's owner; trial: claimed for keyTrialLife.
 func (d *Directory) rememberKey(id string, o Owner, trial bool) {
-	d.rememberTakenOver(id, o, false)
 	d.mu.Lock()
-	if k, ok := d.known[id]; ok {
-		k.key, k.trial = true, trial
-		d.known[id] = k
-	}
-	d.mu.Unlock()
+	defer d.mu.Unlock()
+	d.put(id, known{owner: o, learned: d.now(), epoch: d.members.Epoch(), key: true, trial: trial})
 }
 
 // routeTo says where a request goes whose session (or key) o owns: the
@@ -366,9 +368,9 @@ func (d *Directory) liveness(ctx context.Context, id string) (Liveness, string) 
 }
 
 // learn asks for session id's owner with ask, once for all the session's
-// requests that arrive while it asks. found: the record exists (o is the
-// zero Owner if it names none).
-func (d *Directory) learn(ctx context.Context, id string, ask func(context.Context) (owner string, found bool, err error)) (o Owner, found bool) {
+// requests that arrive while it asks, and keeps what it learned with
+// keep. found: the record exists (o is the zero Owner if it names none).
+func (d *Directory) learn(ctx context.Context, id string, keep func(id string, o Owner), ask func(context.Context) (owner string, found bool, err error)) (o Owner, found bool) {
 	d.mu.Lock()
 	for c := d.learning[id]; c != nil; c = d.learning[id] {
 		c.waiters++
@@ -395,7 +397,7 @@ func (d *Directory) learn(ctx context.Context, id string, ask func(context.Conte
 		c.ok = true
 		if o, ok := Parse(rec); ok {
 			c.owner = o
-			d.remember(id, o)
+			keep(id, o)
 		}
 	}
 	d.mu.Lock()
@@ -600,12 +602,27 @@ func (d *Directory) Serves(ctx context.Context, s Store, id, ownerID string) boo
 	if ownerID != d.self {
 		return false
 	}
-	o, ok := d.lookup(id)
+	k, ok := d.entry(id)
+	o := k.owner
+	if ok && k.trial && o.ID == d.self {
+		// A key on trial: its claim may have lapsed and another instance
+		// claimed it since, or it is kept for keyTrialLife more.
+		c, claims := s.(Claimer)
+		if !claims {
+			return true
+		}
+		rec, err := c.Claim(ctx, id, o.String(), keyTrialLife)
+		if now, parsed := Parse(rec); err == nil && parsed && now.ID != d.self {
+			d.remember(id, now)
+			return false
+		}
+		return true
+	}
 	if !ok {
 		// Not known here (aged out, or a client wrote the header): the
 		// record says.
 		var found bool
-		o, found = d.learn(ctx, id, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) })
+		o, found = d.learn(ctx, id, d.remember, func(ctx context.Context) (string, bool, error) { return s.Owner(ctx, id) })
 		// Without a record, a session this instance does not know may
 		// live on the instance its client's other id names.
 		return found && (o.ID == "" || o.ID == d.self)
@@ -746,13 +763,50 @@ func (d *Directory) remember(id string, o Owner) { d.rememberTakenOver(id, o, fa
 func (d *Directory) rememberTakenOver(id string, o Owner, tookOver bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, ok := d.known[id]; !ok && len(d.known) >= d.maxKnown {
-		// Full: one entry goes, whichever the map yields first; it costs
-		// one engine call if its session comes back.
+	d.put(id, known{owner: o, learned: d.now(), tookOver: tookOver, epoch: d.members.Epoch()})
+}
+
+// put remembers k for id, d.mu held. When the directory is full the
+// oldest key on trial goes first; a key on trial never displaces anything
+// else (it is then claimed again at its next request), so that a flood of
+// made-up key values cannot push out what a session taken over or served
+// here needs. Otherwise one entry goes, whichever the map yields first;
+// it costs one engine call if its session comes back.
+func (d *Directory) put(id string, k known) {
+	old, ok := d.known[id]
+	if !ok && len(d.known) >= d.maxKnown && !d.evictTrial() {
+		if k.trial {
+			return
+		}
 		for other := range d.known {
 			delete(d.known, other)
 			break
 		}
 	}
-	d.known[id] = known{owner: o, learned: d.now(), tookOver: tookOver, epoch: d.members.Epoch()}
+	d.known[id] = k
+	if k.trial && !(ok && old.trial) {
+		d.trials = append(d.trials, id)
+		if len(d.trials) > 2*d.maxKnown {
+			kept := d.trials[:0]
+			for _, t := range d.trials {
+				if e, ok := d.known[t]; ok && e.trial {
+					kept = append(kept, t)
+				}
+			}
+			d.trials = kept
+		}
+	}
+}
+
+// evictTrial drops the oldest key on trial, d.mu held; false if none.
+func (d *Directory) evictTrial() bool {
+	for len(d.trials) > 0 {
+		id := d.trials[0]
+		d.trials = d.trials[1:]
+		if k, ok := d.known[id]; ok && k.trial {
+			delete(d.known, id)
+			return true
+		}
+	}
+	return false
 }

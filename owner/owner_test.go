@@ -1340,3 +1340,76 @@ func TestLeaseCallsAreBoundedByTheRenewalInterval(t *testing.T) {
 		}
 	}
 }
+
+// A key met first by A is claimed for keyTrialLife, but A's directory
+// keeps the key as its own for session_ttl. Its first exchange runs past
+// 30 s (a long tool call under PHP-FPM), or was answered 401 (a stranger
+// naming the user with a wrong password): the engine drops the record
+// (claimScript's PEXPIRE), B meets the key, claims it and serves it, and
+// A goes on serving it from its entry: two instances serve one key.
+func TestAKeyWhoseTrialClaimLapsedIsNotServedByTwoInstances(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	a, b := newDir(ownerA.ID, c), newDir(ownerB.ID, c)
+	if o, forward, wait := a.RouteKey(bg, s, "key k", ownerA.Addr); forward || wait || o != ownerA {
+		t.Fatalf("first to meet the key: %v, %v, %v; want served at A", o, forward, wait)
+	}
+	if life := s.lives["key k"]; life != keyTrialLife {
+		t.Fatalf("claimed for %v, want %v", life, keyTrialLife)
+	}
+	// No 2xx within keyTrialLife: the engine lets the record go.
+	c.add(keyTrialLife + time.Second)
+	s.mu.Lock()
+	delete(s.owners, "key k")
+	s.mu.Unlock()
+
+	_, bFwd, bWait := b.RouteKey(bg, s, "key k", ownerB.Addr)
+	_, aFwd, aWait := a.RouteKey(bg, s, "key k", ownerA.Addr)
+	if !bFwd && !bWait && !aFwd && !aWait {
+		t.Fatalf("after A's trial claim lapsed in the engine, both A (from its entry) and B (its new claimer, record %q) serve the key", s.owners["key k"])
+	}
+}
+
+// Made-up key values (a rotating Authorization header, no credential
+// needed) each get an entry in the directory since keys are claimed on
+// first sight, and a full directory evicts whichever entry the map
+// yields: here the entry of a session B has just taken over from A, whose
+// exchange is still marked as running. Its AwaitPrevious then finds no
+// entry and lets B's first exchange go beside A's.
+func TestAFloodOfMadeUpKeysDoesNotLetATakenOverSessionSkipThePreviousOwnersExchange(t *testing.T) {
+	store := newRunningStore()
+	store.memStore.owners["s"] = ownerA.String()
+	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
+	<-store.marked
+	b := newRealDir(ownerB.ID) // remembers 100 owners (max_sessions)
+	if o, forward, _ := b.takeOver(bg, store, "s", ownerA, ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
+	}
+	for i := range 2000 { // each eviction spares s with odds 99/100
+		b.RouteKey(bg, store, fmt.Sprintf("key made-up-%d", i), ownerB.Addr)
+	}
+	if b.AwaitPrevious(bg, store.get, "s", time.Now()) {
+		t.Fatal("after a flood of made-up key values, B's first exchange of the session it took over went while A's was marked as running")
+	}
+}
+
+// A key on trial reaching its claimer forwarded (Serves) is claimed again
+// there, as a direct request is: once its claim lapsed and another
+// instance claimed it, the first claimer answers that it does not serve it.
+func TestAForwardedRequestOfAKeyOnTrialIsServedOnlyWhileItsClaimHolds(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	a, b := newDir(ownerA.ID, c), newDir(ownerB.ID, c)
+	a.RouteKey(bg, s, "key k", ownerA.Addr)
+	if !a.Serves(bg, s, "key k", ownerA.ID) {
+		t.Fatal("the key's claimer refused a forwarded request while its claim holds")
+	}
+	c.add(keyTrialLife + time.Second)
+	s.mu.Lock()
+	delete(s.owners, "key k")
+	s.mu.Unlock()
+	if o, forward, _ := b.RouteKey(bg, s, "key k", ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("b after a's claim lapsed: %v, %v; want b claims it", o, forward)
+	}
+	if a.Serves(bg, s, "key k", ownerA.ID) {
+		t.Fatal("a serves a forwarded request of a key b claimed after a's claim lapsed")
+	}
+}

@@ -226,3 +226,28 @@ func TestRedisLeasesStandWhileRenewedAndLapseOtherwise(t *testing.T) {
 		t.Fatalf("Renew after a drop = %v, %v, %v; want epoch 2", epoch, existed, err)
 	}
 }
+
+// A key claimed for a short while (30 s until the upstream answers one of
+// its requests) lives as long as its owner's exchange is marked running:
+// a first exchange longer than the claim keeps its owner.
+func TestRedisRunningMarkKeepsAShortClaimAlive(t *testing.T) {
+	addr := redistest.Start(t)
+	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
+	ctx := context.Background()
+	const key, me = "key k", "a 10.0.0.1:8080"
+	if _, err := eng.ClaimOwner(ctx, key, me, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.MarkRunning(ctx, key, me, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := eng.client.PTTL(ctx, eng.KeyPrefix+key).Val(); ttl <= time.Minute {
+		t.Fatalf("a 1 s claim marked running for an hour lives %v", ttl)
+	}
+	if err := eng.MarkRunning(ctx, key, me, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := eng.client.PTTL(ctx, eng.KeyPrefix+key).Val(); ttl <= time.Minute {
+		t.Fatalf("a shorter mark shortened the record's life to %v", ttl)
+	}
+}
