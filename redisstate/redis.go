@@ -345,7 +345,11 @@ if owner == false or owner == '' then
   redis.call('HSET', KEYS[1], 'open', '1', 'deadline', '0', 'inflight', '0', 'owner', ARGV[1])
   owner = ARGV[1]
 end
-if owner == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'claimed_until', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2]))
+end
 return owner
 `)
 
@@ -371,8 +375,9 @@ func (r *Engine) TakeOver(ctx context.Context, key, from, to string) (string, bo
 // markRunningScript marks the record KEYS[1] with an exchange of ARGV[1]
 // running for ARGV[2] ms more on Redis' clock, or clears the mark when
 // ARGV[2] is 0, if ARGV[1] owns the record or made the mark; it never
-// creates a record. The record lives at least as long as the mark, so
-// that a key's 30 s claim does not lapse under its first exchange.
+// creates a record. A key's record (claimed_until, Redis' clock) lives at
+// least as long as the mark, so that a 30 s claim does not lapse under its
+// first exchange.
 var markRunningScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local owner = redis.call('HGET', KEYS[1], 'owner')
@@ -385,8 +390,11 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'running', now + tonumber(ARGV[2]), 'running_by', ARGV[1])
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl >= 0 and ttl < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+local claimed = redis.call('HGET', KEYS[1], 'claimed_until')
+if claimed and tonumber(claimed) < now + tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('HSET', KEYS[1], 'claimed_until', now + tonumber(ARGV[2]))
+end
 return 1
 `)
 
