@@ -118,7 +118,7 @@ func TestAKeyedInitializeAtAnOwnerWhoseLeaseLapsedIsNotServedThere(t *testing.T)
 // 30 s claim go, the user's next request reaching b makes b the owner,
 // and a still serves the user's requests that reach it: behind round
 // robin, the user's requests run at two instances at once.
-func TestAStrangersWrongPasswordLeavesTheUsersKeyServedAtTwoInstances(t *testing.T) {
+func TestAUsersKeyClaimedAfterAStrangersWrongPasswordLapsedIsServedByItsNewClaimerOnly(t *testing.T) {
 	ctx := context.Background()
 	_, addr := startCredentialUpstream(t)
 	in := startOwnerInstances(t, addr, "key basic_user")
