@@ -1,9 +1,11 @@
 package caddymodule
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"net/http"
@@ -64,7 +66,8 @@ const keyBasicUser = "basic_user"
 // equal it: it holds a space.
 func (h *Handler) keyOf(r *http.Request) string {
 	if h.Key == keyBasicUser {
-		user, _, ok := r.BasicAuth()
+		// Caddy's php_fastcgi joins repeated headers this way.
+		user, ok := basicUser(strings.Join(r.Header.Values("Authorization"), ", "))
 		if !ok || user == "" {
 			return ""
 		}
@@ -90,4 +93,39 @@ func (h *Handler) hashKey(value string) string {
 	mac := hmac.New(sha256.New, h.keySecret)
 	mac.Write([]byte(value))
 	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// basicUser is the user name PHP gives a script (PHP_AUTH_USER, which
+// WordPress reads) for an Authorization header, decoded as PHP does:
+// "Basic " in any case, then base64 without strict mode (every character
+// outside the alphabet, "=" included, skipped wherever it stands, a lone
+// last character dropped), and what comes before the first ":" unless a
+// NUL comes first. ok is false where PHP sees no user. Go's
+// Request.BasicAuth is stricter: a credential it refuses that PHP accepts
+// would reach WordPress as the user while it joins no line.
+func basicUser(header string) (user string, ok bool) {
+	if len(header) < 6 || !strings.EqualFold(header[:6], "basic ") {
+		return "", false
+	}
+	alphabet := make([]byte, 0, len(header)-6)
+	for _, c := range []byte(header[6:]) {
+		if 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '+' || c == '/' {
+			alphabet = append(alphabet, c)
+		}
+	}
+	if len(alphabet)%4 == 1 {
+		alphabet = alphabet[:len(alphabet)-1]
+	}
+	raw, err := base64.RawStdEncoding.DecodeString(string(alphabet))
+	if err != nil {
+		return "", false
+	}
+	if nul := bytes.IndexByte(raw, 0); nul >= 0 {
+		raw = raw[:nul]
+	}
+	name, _, found := bytes.Cut(raw, []byte(":"))
+	if !found {
+		return "", false
+	}
+	return string(name), true
 }

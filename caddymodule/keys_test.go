@@ -3,7 +3,9 @@ package caddymodule
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -51,4 +53,64 @@ func TestAKeysQueueIsNamedByAHashKeyedWithItsSecret(t *testing.T) {
 			t.Errorf("queue %q holds the value or its plain hash", q)
 		}
 	}
+}
+
+// Basic credentials are read as PHP reads them for WordPress
+// (PHP_AUTH_USER): each header below was decoded by PHP 8.2 (strncasecmp
+// "Basic ", base64_decode without strict mode, the part before ":"), and
+// Go's strict Request.BasicAuth refuses the ones marked so, which would
+// reach WordPress as the user while they joined no line (or, with a NUL,
+// join the line of a user WordPress does not see).
+func TestBasicCredentialsAreReadAsPHPReadsThem(t *testing.T) {
+	for _, c := range []struct {
+		header, user string // "" user: PHP sees none
+		goDiffers    bool
+	}{
+		{"Basic YWRtaW46cHc=", "admin", false},
+		{"basic YWRtaW46cHc=", "admin", false},
+		{"Basic YWRtaW46cHc", "admin", true},   // no padding
+		{"Basic  YWRtaW46cHc=", "admin", true}, // two spaces
+		{"Basic YWRt aW46cHc=", "admin", true}, // a space inside
+		{"Basic YW=I6Yw", "ab", true},          // "=" inside
+		{"Basic YWI6Y", "ab", true},            // a lone last character
+		{"Basic YWRtaW46cHc=, Basic YWI6Yw==", "admin", true},
+		{"BASIC\tYWRtaW46cHc=", "", false},
+		{"Basic !!!", "", false},
+		{"Basic YWJ=6Yw==", "", false}, // "abzc": no ":"
+		{"Bearer YWRtaW46cHc=", "", false},
+		{"Basic " + base64.StdEncoding.EncodeToString([]byte("ad\x00min:pw")), "", true},
+	} {
+		user, ok := basicUser(c.header)
+		if ok != (c.user != "") || user != c.user {
+			t.Errorf("%q: user %q, %v; PHP sees %q", c.header, user, ok, c.user)
+		}
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		r.Header.Set("Authorization", c.header)
+		if goUser, _, goOK := r.BasicAuth(); c.goDiffers != (goOK != (c.user != "") || goUser != c.user) {
+			t.Errorf("%q: Go's BasicAuth gives %q, %v; the case says it differs from PHP: %v", c.header, goUser, goOK, c.goDiffers)
+		}
+	}
+}
+
+// Repeated Authorization headers reach PHP joined with ", ", as Caddy's
+// php_fastcgi passes them, and the key is the user PHP sees.
+func TestABasicUserKeyIsTheUserPHPSeesInEveryAcceptedSpelling(t *testing.T) {
+	h := &Handler{Key: keyBasicUser}
+	want := h.keyOf(basicRequest("Basic YWRtaW46cHc="))
+	if want == "" {
+		t.Fatal("no key for admin's credentials")
+	}
+	for _, spelling := range [][]string{{"Basic YWRtaW46cHc"}, {"basic  YWRt aW46cHc="}, {"Basic YWRtaW46cHc=", "Basic YWI6Yw=="}} {
+		if got := h.keyOf(basicRequest(spelling...)); got != want {
+			t.Errorf("%q: key %q, want admin's %q", spelling, got, want)
+		}
+	}
+}
+
+func basicRequest(headers ...string) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+	for _, v := range headers {
+		r.Header.Add("Authorization", v)
+	}
+	return r
 }
