@@ -229,7 +229,9 @@ func (m *Membership) Renew(ctx context.Context) {
 	// this instance was paused long enough for it to lapse. Each call is
 	// bounded by renewEvery, so that an engine that does not answer
 	// anyone (an outage for all) never looks like that.
-	late := m.held && (err != nil && began.Sub(m.attempt) >= m.life || now.Sub(began) >= m.life)
+	paused := m.held && began.Sub(m.attempt) >= m.life
+	slow := m.held && now.Sub(began) >= m.life
+	late := err != nil && paused || slow
 	m.attempt = now
 	switch {
 	case l == nil || addr == "":
@@ -248,7 +250,16 @@ func (m *Membership) Renew(ctx context.Context) {
 		// The first renewal, or the engine forgot every lease (it
 		// restarted empty): nobody saw this one lapse.
 		forgotten = m.held && !existed
-		m.held, m.leaseEpoch, m.unsure = true, epoch, late
+		m.unsure = slow
+		if forgotten && (paused || slow) {
+			// Forgotten by an engine that restarted while this instance
+			// did not run for a lease's life: the others may have seen
+			// it absent that long and taken sessions over.
+			m.unsure = false
+			m.epoch++
+			m.lapsedAt = now
+		}
+		m.held, m.leaseEpoch = true, epoch
 	}
 	onForgotten := m.onForgotten
 	m.mu.Unlock()

@@ -137,7 +137,10 @@ type known struct {
 	// last knew the session its own.
 	epoch uint64
 	key   bool // a key's queue
-	trial bool // a key claimed for keyTrialLife (RouteKey)
+	// trial: a key this instance claimed for keyTrialLife (RouteKey), or
+	// one another instance owns: an entry cheap to learn again, which
+	// never pushes another out of a full directory.
+	trial bool
 }
 
 // NewDirectory returns the directory of the instance members names. It
@@ -252,23 +255,52 @@ func (d *Directory) RouteKey(ctx context.Context, s Claimer, id, here string) (o
 		return Owner{}, false, false
 	}
 	d.members.SetAddr(here)
-	if k, ok := d.entry(id); ok && !(k.trial && k.owner.ID == d.self) {
-		return d.routeTo(ctx, s, id, k.owner, here)
+	k, known := d.entry(id)
+	if known && !(k.trial && k.owner.ID == d.self) {
+		return d.routeKeyTo(ctx, s, id, k.owner, here)
 	}
 	// Claimed again at each request while on trial: its claim lapses in
 	// the engine keyTrialLife after the last, and another instance may
 	// have claimed it since.
 	me := Owner{ID: d.self, Addr: here}
-	// A key this instance claimed is remembered on trial.
-	keep := func(id string, o Owner) { d.rememberKey(id, o, o.ID == d.self) }
+	keep := func(id string, o Owner) { d.rememberKey(id, o, true) }
 	o, ok := d.learn(ctx, id, keep, func(ctx context.Context) (string, bool, error) {
 		rec, err := s.Claim(ctx, id, me.String(), keyTrialLife)
 		return rec, err == nil, err
 	})
 	if !ok {
+		if known && !d.claimHolds(k) {
+			// Its claim here has lapsed and the engine did not say
+			// whether another instance claimed it since.
+			return Owner{}, false, true
+		}
 		return Owner{}, false, false
 	}
-	return d.routeTo(ctx, s, id, o, here)
+	return d.routeKeyTo(ctx, s, id, o, here)
+}
+
+// routeKeyTo is routeTo for a key: one this instance takes over from a
+// lapsed owner is kept on trial, so that its next requests claim it again
+// (the record lives only as long as the previous owner's last claim).
+func (d *Directory) routeKeyTo(ctx context.Context, s Store, id string, o Owner, here string) (Owner, bool, bool) {
+	o, forward, wait := d.routeTo(ctx, s, id, o, here)
+	if !forward && !wait && o.ID == d.self {
+		d.mu.Lock()
+		if k, ok := d.known[id]; ok && !k.key {
+			k.key, k.trial = true, true
+			d.known[id] = k
+			d.trials = append(d.trials, id)
+		}
+		d.mu.Unlock()
+	}
+	return o, forward, wait
+}
+
+// claimHolds reports whether this instance's claim on key k, made when it
+// was learned, still stands in the engine: its trial claim lives
+// keyTrialLife from then (less a second for the way there).
+func (d *Directory) claimHolds(k known) bool {
+	return !k.trial || d.now().Sub(k.learned) < keyTrialLife-time.Second
 }
 
 // keyTrialLife is how long a key's claim lives before the upstream has
@@ -291,7 +323,7 @@ func (d *Directory) KeyAnswered(ctx context.Context, s Claimer, id, here string)
 	}
 	rec, err := s.Claim(ctx, id, Owner{ID: d.self, Addr: here}.String(), 0)
 	if o, parsed := Parse(rec); err == nil && parsed {
-		d.rememberKey(id, o, false)
+		d.rememberKey(id, o, o.ID != d.self)
 	}
 }
 
@@ -301,20 +333,24 @@ func (d *Directory) KeyAnswered(ctx context.Context, s Claimer, id, here string)
 // it by its hash meanwhile.
 func (d *Directory) ReclaimKeys(ctx context.Context, s Claimer) {
 	d.mu.Lock()
-	var mine []string
+	mine := map[string]bool{} // on trial
 	for id, k := range d.known {
 		if k.key && k.owner.ID == d.self {
-			mine = append(mine, id)
+			mine[id] = k.trial
 		}
 	}
 	d.mu.Unlock()
-	for _, id := range mine {
+	for id, trial := range mine {
 		if ctx.Err() != nil {
 			return
 		}
-		rec, err := s.Claim(ctx, id, Owner{ID: d.self, Addr: d.members.Addr()}.String(), 0)
+		life := time.Duration(0) // a session's
+		if trial {
+			life = keyTrialLife
+		}
+		rec, err := s.Claim(ctx, id, Owner{ID: d.self, Addr: d.members.Addr()}.String(), life)
 		if o, parsed := Parse(rec); err == nil && parsed {
-			d.rememberKey(id, o, false)
+			d.rememberKey(id, o, trial || o.ID != d.self)
 		}
 	}
 }
@@ -323,7 +359,11 @@ func (d *Directory) ReclaimKeys(ctx context.Context, s Claimer) {
 func (d *Directory) rememberKey(id string, o Owner, trial bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.put(id, known{owner: o, learned: d.now(), epoch: d.members.Epoch(), key: true, trial: trial})
+	k := known{owner: o, learned: d.now(), epoch: d.members.Epoch(), key: true, trial: trial}
+	if old, ok := d.known[id]; ok && old.owner == o {
+		k.tookOver = old.tookOver // its previous owner's exchange may still run
+	}
+	d.put(id, k)
 }
 
 // routeTo says where a request goes whose session (or key) o owns: the
@@ -612,8 +652,11 @@ func (d *Directory) Serves(ctx context.Context, s Store, id, ownerID string) boo
 			return true
 		}
 		rec, err := c.Claim(ctx, id, o.String(), keyTrialLife)
-		if now, parsed := Parse(rec); err == nil && parsed && now.ID != d.self {
-			d.remember(id, now)
+		if err != nil {
+			return d.claimHolds(k)
+		}
+		if now, parsed := Parse(rec); parsed && now.ID != d.self {
+			d.rememberKey(id, now, true)
 			return false
 		}
 		return true
@@ -803,7 +846,7 @@ func (d *Directory) evictTrial() bool {
 	for len(d.trials) > 0 {
 		id := d.trials[0]
 		d.trials = d.trials[1:]
-		if k, ok := d.known[id]; ok && k.trial {
+		if k, ok := d.known[id]; ok && k.trial && !k.tookOver {
 			delete(d.known, id)
 			return true
 		}

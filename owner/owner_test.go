@@ -1413,3 +1413,154 @@ func TestAForwardedRequestOfAKeyOnTrialIsServedOnlyWhileItsClaimHolds(t *testing
 		t.Fatal("a serves a forwarded request of a key b claimed after a's claim lapsed")
 	}
 }
+
+// A's key on trial was claimed more than keyTrialLife ago; the engine let
+// it go and B claimed it and serves it. A's claim at the key's next
+// request gets no answer (a timeout at the state timeout; the engine may
+// well have answered "B"): A serves the key from its stale trial entry,
+// directly (RouteKey answers "served here") and forwarded (Serves answers
+// true), beside B.
+func TestAKeyOnTrialWhoseClaimGetsNoAnswerIsNotServedPastItsClaim(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	a, b := newDir(ownerA.ID, c), newDir(ownerB.ID, c)
+	a.RouteKey(bg, s, "key k", ownerA.Addr)
+	c.add(keyTrialLife + time.Second)
+	s.mu.Lock()
+	delete(s.owners, "key k")
+	s.mu.Unlock()
+	if o, forward, _ := b.RouteKey(bg, s, "key k", ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("b after a's claim lapsed: %v, %v; want b claims it", o, forward)
+	}
+	s.mu.Lock()
+	s.fail = errors.New("i/o timeout")
+	s.mu.Unlock()
+	if _, forward, wait := a.RouteKey(bg, s, "key k", ownerA.Addr); !forward && !wait {
+		t.Error("a, whose trial claim lapsed 30 s ago, serves the key b now owns when its claim gets no answer")
+	}
+	if a.Serves(bg, s, "key k", ownerA.ID) {
+		t.Error("a serves a forwarded request of the key b now owns when its claim gets no answer")
+	}
+}
+
+// Keys on trial at another instance are remembered here as proven
+// (RouteKey's keep marks trial only when o is this instance): a flood of
+// made-up values, each sent twice (the first reaches C, which claims it on
+// trial; round robin brings the second to B), fills B's directory with
+// entries that evict whatever the map yields, here the entry of a
+// session B has just taken over from A, whose exchange is still marked
+// running: B's first exchange then skips AwaitPrevious.
+func TestKeysOnTrialElsewhereDoNotPushATakenOverSessionOut(t *testing.T) {
+	ownerC := Owner{ID: "cccc", Addr: "10.0.0.3:8080"}
+	store := newRunningStore()
+	store.memStore.owners["s"] = ownerA.String()
+	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
+	<-store.marked
+	b := newRealDir(ownerB.ID) // remembers 100 owners (max_sessions)
+	if o, forward, _ := b.takeOver(bg, store, "s", ownerA, ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
+	}
+	for i := range 2000 {
+		id := fmt.Sprintf("key made-up-%d", i)
+		// C met the value first: its claim, on trial, names C.
+		store.memStore.mu.Lock()
+		store.memStore.owners[id] = ownerC.String()
+		store.memStore.mu.Unlock()
+		b.RouteKey(bg, store, id, ownerB.Addr)
+	}
+	if b.AwaitPrevious(bg, store.get, "s", time.Now()) {
+		t.Fatal("made-up key values on trial at another instance pushed the entry of a session B took over out of B's directory: its first exchange went while A's was marked running")
+	}
+}
+
+// A owns session s. Redis restarts empty (or fails over to a replica
+// that lacks the leases) while A is frozen (SIGSTOP, a paused VM) past
+// the lock delay: the others see A's lease absent that long and B claims
+// s (its record names B). A wakes; its renewal is answered in time and
+// finds its lease forgotten, which A takes as "nobody saw it lapse"
+// (Renew's default case) though A knows it went a lease's life and more
+// without renewing: Confirm trusts A's entry and A serves s beside B.
+func TestAnOwnerFrozenAcrossAnEngineRestartConfirmsBeforeServing(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a := leasedDir(ownerA, l)
+	a.Members().Renew(bg)
+	a.remember("s", ownerA)
+	s.owners["s"] = ownerA.String()
+	if !a.Confirm(bg, s, "s") {
+		t.Fatal("a live owner did not confirm its session")
+	}
+	// Frozen past the lease and the lock delay; meanwhile Redis restarts
+	// empty and B claims s (claimLost: A's lease seen absent that long).
+	l.c.add(LeaseLife + lockDelay + time.Second)
+	l.forget()
+	s.mu.Lock()
+	s.owners["s"] = ownerB.String()
+	s.mu.Unlock()
+	if a.Confirm(bg, s, "s") {
+		t.Fatal("a, frozen past its lease across an engine restart, confirmed s, whose record names b: both serve it")
+	}
+}
+
+// A flood of made-up key values (a rotating Authorization header) leaves
+// keys on trial at A. Redis then restarts empty: A's renewal finds its
+// lease forgotten and ReclaimKeys claims every key A owns, trial or not,
+// for a session's life, and remembers each as proven. The made-up values
+// then live session_ttl in Redis and count as proven entries in A's
+// directory, where they may push sessions out.
+func TestAnEngineRestartKeepsKeysOnTrialOnTrial(t *testing.T) {
+	s, c := newMemStore(), &clock{}
+	a := newDir(ownerA.ID, c)
+	for i := range 10 {
+		a.RouteKey(bg, s, fmt.Sprintf("key made-up-%d", i), ownerA.Addr)
+	}
+	// Redis restarts empty.
+	s.mu.Lock()
+	clear(s.owners)
+	s.mu.Unlock()
+	a.ReclaimKeys(bg, s)
+	for i := range 10 {
+		id := fmt.Sprintf("key made-up-%d", i)
+		s.mu.Lock()
+		life, claimed := s.lives[id]
+		s.mu.Unlock()
+		if claimed && life != keyTrialLife {
+			t.Fatalf("%s, never answered by the upstream, reclaimed for %v after an engine restart; want %v", id, life, keyTrialLife)
+		}
+		if k, ok := a.entry(id); ok && !k.trial {
+			t.Fatalf("%s, never answered by the upstream, is remembered as proven after an engine restart", id)
+		}
+	}
+}
+
+// A meets key k (a stranger's wrong password, or a user's first request)
+// and claims it on trial, for 30 s. A is killed; B takes the key over
+// (takeOverScript changes the owner and leaves the record's life, the
+// rest of A's 30 s) and remembers it as a plain session it took over:
+// neither a key nor on trial, so B never claims it again at its requests
+// and KeyAnswered waits half a session's life. The record lapses; C meets
+// the key, claims it and serves it; B still serves it from its entry.
+func TestAKeyOnTrialTakenOverFromAKilledOwnerIsNotServedByTwoInstances(t *testing.T) {
+	ownerC := Owner{ID: "cccc", Addr: "10.0.0.3:8080"}
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b, c := leasedDir(ownerA, l), leasedDir(ownerB, l), leasedDir(ownerC, l)
+	for _, d := range []*Directory{a, b, c} {
+		d.Members().Renew(bg)
+		d.Members().Refresh(bg)
+	}
+	if o, forward, _ := a.RouteKey(bg, s, "key k", ownerA.Addr); forward || o != ownerA {
+		t.Fatalf("a meets the key: %v, %v; want served at a", o, forward)
+	}
+	lapse(l, ownerA, b, c) // a is killed
+	if o, forward, _ := b.RouteKey(bg, s, "key k", ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("b after a died: %v, %v; want taken over", o, forward)
+	}
+	// The rest of a's 30 s claim passes: the engine lets the record go.
+	s.mu.Lock()
+	delete(s.owners, "key k")
+	s.mu.Unlock()
+	if o, forward, _ := c.RouteKey(bg, s, "key k", ownerC.Addr); forward || o != ownerC {
+		t.Fatalf("c after the record lapsed: %v, %v; want c claims it", o, forward)
+	}
+	if _, forward, wait := b.RouteKey(bg, s, "key k", ownerB.Addr); !forward && !wait {
+		t.Fatalf("b serves the key c now owns (record %q): b took it over as a plain session and never claims it again", s.owners["key k"])
+	}
+}
