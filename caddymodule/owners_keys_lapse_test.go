@@ -2,12 +2,18 @@ package caddymodule_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
 	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
@@ -162,5 +168,107 @@ func TestAUsersKeyClaimedAfterAStrangersWrongPasswordLapsedIsServedByItsNewClaim
 	if s := send(in.a, basic("alice", "pw-1")); s == http.StatusOK && scrapeMetric(t, in.a, forwarded) == before {
 		o, _ := in.redis.HGet(ctx, record, "owner").Result()
 		t.Fatalf("alice's request at a was served there, while her key's record names %q: a stranger's one wrong password split her line over two instances", o)
+	}
+}
+
+func init() {
+	caddy.RegisterModule(heldRequests{})
+	httpcaddyfile.RegisterHandlerDirective("mcp_test_hold", func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		h.Next()
+		return heldRequests{}, nil
+	})
+}
+
+// heldRequests holds each request carrying an X-Hold header, between
+// mcp_serializer and the upstream, until the test releases it: where an
+// instance paused (SIGSTOP) after its checks would hold it.
+type heldRequests struct{}
+
+var (
+	holdArrived = make(chan struct{}, 1)
+	holdRelease = make(chan struct{})
+)
+
+func (heldRequests) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.mcp_test_hold", New: func() caddy.Module { return heldRequests{} }}
+}
+
+func (heldRequests) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if r.Header.Get("X-Hold") != "" {
+		holdArrived <- struct{}{}
+		<-holdRelease
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// A request that passed its owner's checks just before the owner was
+// paused past its lease, and whose session another instance took over
+// meanwhile, has its body held at the upstream's first read until the
+// owner learns its lease lapsed: nothing of it reaches the upstream.
+func TestARequestHeldPastItsOwnersLapseDoesNotReachTheUpstream(t *testing.T) {
+	ctx := context.Background()
+	var minted atomic.Int64
+	up, addr := newUpstream(t, echoingAnswer(func() string { return fmt.Sprintf("held-%d", minted.Add(1)) }))
+	in := startOwnerInstances(t, addr)
+	full := in.caddyfile("")
+	start := strings.Index(full, in.a+" {")
+	site := strings.Replace(full[start:], "\treverse_proxy", "\tmcp_test_hold\n\treverse_proxy", 1)
+	global := strings.Replace(full[:start], "{\n", "{\n\torder mcp_test_hold after mcp_serializer\n", 1)
+	loadThroughAdmin(t, in.admin, global+site)
+
+	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
+	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
+	// b holds a lease, so that a session's record can name it.
+	call(ctx, http.DefaultClient, http.MethodPost, in.b, "", initializeBody)
+	_, upstreamID, _ := strings.Cut(strings.TrimPrefix(cid, "mcps1."), ".")
+	record := "mcp_serializer:" + serializer.StoreKey(upstreamID)
+	var aID, bID, bAddr string
+	wait.Until(t, "both leases and a's record", func() bool {
+		aID, _, _, _ = in.leaseOf(t, in.a)
+		bID, _, _, bAddr = in.leaseOf(t, in.b)
+		o, _ := in.redis.HGet(ctx, record, "owner").Result()
+		return aID != "" && bID != "" && strings.HasPrefix(o, aID+" ")
+	})
+
+	before := len(up.requests())
+	answered := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, in.a, strings.NewReader(rpcRequest("5", "tools/call")))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Session-Id", cid)
+		req.Header.Set("X-Hold", "1")
+		resp, err := do(http.DefaultClient, req)
+		if err != nil {
+			answered <- answer{err: err}
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		answered <- answer{status: resp.StatusCode, body: body}
+	}()
+	<-holdArrived
+	// Meanwhile a's lease lapses and b takes the session over; a's next
+	// renewal finds the lapse (a new epoch).
+	_, _, epoch, aAddr := in.leaseOf(t, in.a)
+	now, err := in.redis.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.redis.HSet(ctx, "mcp_serializer:members", aID, strconv.FormatInt(now.UnixMilli()-10_000, 10)+" "+epoch+" "+aAddr)
+	in.redis.HSet(ctx, record, "owner", bID+" "+bAddr)
+	wait.Until(t, "a's renewal finds its lease lapsed", func() bool {
+		_, _, e, _ := in.leaseOf(t, in.a)
+		return e != epoch
+	})
+	holdRelease <- struct{}{}
+	a := <-answered
+	for _, r := range up.requests()[before:] {
+		if strings.Contains(string(r.Body), "tools/call") {
+			t.Fatalf("the held request reached the upstream from a, whose lease lapsed while b took the session over (answer %d %s)", a.status, a.body)
+		}
+	}
+	if a.status < 500 {
+		t.Fatalf("the held request was answered %d %s; want a failure", a.status, a.body)
 	}
 }
