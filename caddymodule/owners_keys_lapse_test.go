@@ -88,13 +88,7 @@ func TestAKeyedInitializeAtAnOwnerWhoseLeaseLapsedIsNotServedThere(t *testing.T)
 	})
 
 	// a is frozen past its lease; b takes alice's key over.
-	_, _, epoch, aAddr := in.leaseOf(t, in.a)
-	now, err := in.redis.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in.redis.HSet(ctx, "mcp_serializer:members", aID, strconv.FormatInt(now.UnixMilli()-10_000, 10)+" "+epoch+" "+aAddr)
-	in.redis.HSet(ctx, record, "owner", bID+" "+bAddr)
+	epoch, now := in.lapseTo(t, aID, record, bID+" "+bAddr)
 	// a wakes: its renewal finds the lease lapsed (a new epoch), and the
 	// renewal after it shows that a has taken that answer in.
 	var bumpedExp int64
@@ -250,13 +244,7 @@ func TestARequestHeldPastItsOwnersLapseDoesNotReachTheUpstream(t *testing.T) {
 	<-holdArrived
 	// Meanwhile a's lease lapses and b takes the session over; a's next
 	// renewal finds the lapse (a new epoch).
-	_, _, epoch, aAddr := in.leaseOf(t, in.a)
-	now, err := in.redis.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in.redis.HSet(ctx, "mcp_serializer:members", aID, strconv.FormatInt(now.UnixMilli()-10_000, 10)+" "+epoch+" "+aAddr)
-	in.redis.HSet(ctx, record, "owner", bID+" "+bAddr)
+	epoch, _ := in.lapseTo(t, aID, record, bID+" "+bAddr)
 	wait.Until(t, "a's renewal finds its lease lapsed", func() bool {
 		_, _, e, _ := in.leaseOf(t, in.a)
 		return e != epoch
@@ -271,4 +259,20 @@ func TestARequestHeldPastItsOwnersLapseDoesNotReachTheUpstream(t *testing.T) {
 	if a.status < 500 {
 		t.Fatalf("the held request was answered %d %s; want a failure", a.status, a.body)
 	}
+}
+
+// lapseTo makes a's lease (instance aID) lapsed in Redis, as if a had been
+// frozen past it, and record name owner, as if owner took it over; it
+// returns a's lease's epoch before and Redis' time then.
+func (in *ownerInstances) lapseTo(t *testing.T, aID, record, owner string) (epoch string, now time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	_, _, epoch, aAddr := in.leaseOf(t, in.a)
+	now, err := in.redis.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.redis.HSet(ctx, "mcp_serializer:members", aID, strconv.FormatInt(now.UnixMilli()-10_000, 10)+" "+epoch+" "+aAddr)
+	in.redis.HSet(ctx, record, "owner", owner)
+	return epoch, now
 }

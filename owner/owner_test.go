@@ -708,15 +708,8 @@ func TestAnOwnersLongExchangeMarksTheRecordUntilItEnds(t *testing.T) {
 // record says the previous owner's exchange still runs, and sends it once
 // the mark is cleared; later exchanges read nothing.
 func TestATakenOverSessionWaitsForThePreviousOwnersExchange(t *testing.T) {
-	store := newRunningStore()
-	store.memStore.owners["s"] = ownerA.String()
-	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
-	<-store.marked
-	b := newRealDir(ownerB.ID)
 	// A's lease lapsed (TestALapsedOwnersSessionIsTakenOverByOneInstanceOnly).
-	if o, forward, _ := b.takeOver(bg, store, "s", ownerA, ownerB.Addr); forward || o != ownerB {
-		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
-	}
+	store, b := tookOverWhileMarked(t)
 	done := make(chan bool, 1)
 	go func() { done <- b.AwaitPrevious(bg, store.get, "s", time.Now().Add(time.Hour)) }()
 	for store.reads.Load() < 2 { // it read the mark, and again after a pause
@@ -1376,14 +1369,7 @@ func TestAKeyWhoseTrialClaimLapsedIsNotServedByTwoInstances(t *testing.T) {
 // exchange is still marked as running. Its AwaitPrevious then finds no
 // entry and lets B's first exchange go beside A's.
 func TestAFloodOfMadeUpKeysDoesNotLetATakenOverSessionSkipThePreviousOwnersExchange(t *testing.T) {
-	store := newRunningStore()
-	store.memStore.owners["s"] = ownerA.String()
-	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
-	<-store.marked
-	b := newRealDir(ownerB.ID) // remembers 100 owners (max_sessions)
-	if o, forward, _ := b.takeOver(bg, store, "s", ownerA, ownerB.Addr); forward || o != ownerB {
-		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
-	}
+	store, b := tookOverWhileMarked(t)
 	for i := range 2000 { // each eviction spares s with odds 99/100
 		b.RouteKey(bg, store, fmt.Sprintf("key made-up-%d", i), ownerB.Addr)
 	}
@@ -1451,14 +1437,7 @@ func TestAKeyOnTrialWhoseClaimGetsNoAnswerIsNotServedPastItsClaim(t *testing.T) 
 // running: B's first exchange then skips AwaitPrevious.
 func TestKeysOnTrialElsewhereDoNotPushATakenOverSessionOut(t *testing.T) {
 	ownerC := Owner{ID: "cccc", Addr: "10.0.0.3:8080"}
-	store := newRunningStore()
-	store.memStore.owners["s"] = ownerA.String()
-	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
-	<-store.marked
-	b := newRealDir(ownerB.ID) // remembers 100 owners (max_sessions)
-	if o, forward, _ := b.takeOver(bg, store, "s", ownerA, ownerB.Addr); forward || o != ownerB {
-		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
-	}
+	store, b := tookOverWhileMarked(t)
 	for i := range 2000 {
 		id := fmt.Sprintf("key made-up-%d", i)
 		// C met the value first: its claim, on trial, names C.
@@ -1563,4 +1542,19 @@ func TestAKeyOnTrialTakenOverFromAKilledOwnerIsNotServedByTwoInstances(t *testin
 	if _, forward, wait := b.RouteKey(bg, s, "key k", ownerB.Addr); !forward && !wait {
 		t.Fatalf("b serves the key c now owns (record %q): b took it over as a plain session and never claims it again", s.owners["key k"])
 	}
+}
+
+// tookOverWhileMarked is B (remembering 100 owners, as max_sessions) just
+// after it took session s over from A, whose exchange is marked running.
+func tookOverWhileMarked(t *testing.T) (*runningStore, *Directory) {
+	t.Helper()
+	store := newRunningStore()
+	store.memStore.owners["s"] = ownerA.String()
+	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
+	<-store.marked
+	b := newRealDir(ownerB.ID)
+	if o, forward, _ := b.takeOver(bg, store, "s", ownerA, ownerB.Addr); forward || o != ownerB {
+		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
+	}
+	return store, b
 }
