@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -54,7 +55,6 @@ func (b balancer) hashes() bool {
 // round-robin variant drops.
 const (
 	exampleFrontAddr     = "127.0.0.1:8080"
-	nginxExampleServers  = "\t\tserver 127.0.0.1:8081;\n\t\tserver 127.0.0.1:8082;\n\t\tserver 127.0.0.1:8083;\n"
 	nginxExampleHash     = "\t\thash $http_mcp_session_id consistent;\n"
 	haproxyExampleServer = "\tserver instance-1 127.0.0.1:8081\n\tserver instance-2 127.0.0.1:8082\n\tserver instance-3 127.0.0.1:8083\n"
 	haproxyExampleHash   = "\tbalance hdr(Mcp-Session-Id)\n"
@@ -94,15 +94,30 @@ func startFront(t testing.TB, opts clusterOptions, dials []string) string {
 	return "http://" + addr
 }
 
+// nginxExampleServers are the server lines of examples/cluster/nginx.conf:
+// the three instances, each with the same parameters.
+var nginxExampleServers = regexp.MustCompile(`\t\tserver 127\.0\.0\.1:808[1-3]( [^;\n]*)?;\n`)
+
 // renderNginxExample is examples/cluster/nginx.conf listening on addr in
-// front of dials, without its hash line unless hash.
+// front of dials, each with the parameters the example gives its servers,
+// without its hash line unless hash.
 func renderNginxExample(t testing.TB, addr string, dials []string, hash bool) string {
 	t.Helper()
+	text := renderExample(t, "cluster", "nginx.conf", nil)
+	lines := nginxExampleServers.FindAllStringSubmatch(text, -1)
+	block := ""
+	for _, l := range lines {
+		block += l[0]
+	}
+	if len(lines) != 3 || lines[1][1] != lines[0][1] || lines[2][1] != lines[0][1] || !strings.Contains(text, block) {
+		t.Fatalf("examples/cluster/nginx.conf no longer lists its three instances together as server 127.0.0.1:8081 to 8083, with the same parameters; update this test")
+	}
+	params := lines[0][1]
 	var servers strings.Builder
 	for _, d := range dials {
-		servers.WriteString("\t\tserver " + d + ";\n")
+		servers.WriteString("\t\tserver " + d + params + ";\n")
 	}
-	edits := [][2]string{{"listen " + exampleFrontAddr + ";", "listen " + addr + ";"}, {nginxExampleServers, servers.String()}}
+	edits := [][2]string{{"listen " + exampleFrontAddr + ";", "listen " + addr + ";"}, {block, servers.String()}}
 	if !hash {
 		edits = append(edits, [2]string{nginxExampleHash, ""})
 	}
