@@ -58,15 +58,31 @@ lb_retry_match {
 // grace period long enough for a stopping instance to finish its calls.
 func startOverlapCluster(t *testing.T, r *redisServer) *cluster {
 	t.Helper()
-	return startOwnerCluster(t, clusterOptions{
+	return startOverlapClusterBehind(t, r, caddyRoundRobin)
+}
+
+// startOverlapClusterBehind is startOverlapCluster behind front: a Caddy
+// front with the lines above, nginx's as examples/cluster/nginx.conf
+// has it (without its hash line).
+func startOverlapClusterBehind(t *testing.T, r *redisServer, front balancer) *cluster {
+	t.Helper()
+	return startOwnerCluster(t, overlapOptions(r, front))
+}
+
+// overlapOptions are the overlap runs' cluster behind front.
+func overlapOptions(r *redisServer, front balancer) clusterOptions {
+	opts := clusterOptions{
 		State:        redisState(r),
-		Balancer:     caddyRoundRobin,
-		Front:        deadInstanceFront + stoppingInstanceFront,
+		Balancer:     front,
 		ProgressMS:   int(overlapStep / time.Millisecond),
 		PHPWorkers:   6,
 		CountOverlap: true,
 		GracePeriod:  30 * time.Second,
-	})
+	}
+	if front == caddyRoundRobin {
+		opts.Front = deadInstanceFront + stoppingInstanceFront
+	}
+	return opts
 }
 
 // inflightResult is the inflight mode's final line.
@@ -418,21 +434,25 @@ func TestClusterRoundRobinWithoutFaultsRunsNoSessionsCallsAtOnce(t *testing.T) {
 // for until it exited, started again on its port and waited for until it
 // answers, and the next follows once overlapEvery more calls have ended.
 // A stopping owner finishes what it holds; no session's calls may run at
-// once meanwhile.
+// once meanwhile, and no call fails, behind each round-robin front.
 func TestClusterRoundRobinRollingDeployRunsNoSessionsCallsAtOnce(t *testing.T) {
 	prerequisites(t)
-	began := time.Now()
-	c := startOverlapCluster(t, startRedis(t))
-	run := startInflightRun(t, c, "rolling deploy", overlapCallTimeout, "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
-	next := overlapEvery
-	for _, in := range c.Instances {
-		run.waitCalls(t, next)
-		in.restartGracefully(t, run)
-		next = run.callsEnded() + overlapEvery
+	for _, front := range roundRobinFronts {
+		t.Run(front.String(), func(t *testing.T) {
+			began := time.Now()
+			c := startOverlapClusterBehind(t, startRedis(t), front)
+			run := startInflightRun(t, c, front.String()+", rolling deploy", overlapCallTimeout, "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
+			next := overlapEvery
+			for _, in := range c.Instances {
+				run.waitCalls(t, next)
+				in.restartGracefully(t, run)
+				next = run.callsEnded() + overlapEvery
+			}
+			run.waitCalls(t, next)
+			run.stop(t)
+			wantNoCallsAtOnce(t, c, run.wait(t), began, nil)
+		})
 	}
-	run.waitCalls(t, next)
-	run.stop(t)
-	wantNoCallsAtOnce(t, c, run.wait(t), began, nil)
 }
 
 // Redis restarted empty (it keeps nothing on disk) mid-run, then, once
@@ -483,32 +503,37 @@ func TestClusterRoundRobinSessionsCreatedDuringARedisOutageRunNoCallsAtOnce(t *t
 // The instance with the most sessions mid-call frozen (SIGSTOP: its
 // connections accepted, nothing answered) until three times overlapEvery
 // calls have ended elsewhere or 20 s have passed, long enough for the
-// others to give up on it, then resumed (SIGCONT): calls in flight during
-// the freeze may fail, and none of a session's may run at once.
+// others to give up on it, then resumed (SIGCONT), behind each
+// round-robin front: calls in flight during the freeze may fail, and none
+// of a session's may run at once.
 func TestClusterRoundRobinOwnerFrozenRunsNoSessionsCallsAtOnce(t *testing.T) {
 	prerequisites(t)
-	began := time.Now()
-	c := startOverlapCluster(t, startRedis(t))
-	const freezeCalls, freezeBound = 3 * overlapEvery, 20 * time.Second
-	// A call may wait out the whole freeze before its own time.
-	run := startInflightRun(t, c, "owner frozen", freezeBound+overlapCallTimeout, "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
-	run.waitCalls(t, overlapEvery)
-	victim := c.instanceMostMidCall(t)
-	pid := victim.proc.cmd.Process.Pid
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	for _, front := range roundRobinFronts {
+		t.Run(front.String(), func(t *testing.T) {
+			began := time.Now()
+			c := startOverlapClusterBehind(t, startRedis(t), front)
+			const freezeCalls, freezeBound = 3 * overlapEvery, 20 * time.Second
+			// A call may wait out the whole freeze before its own time.
+			run := startInflightRun(t, c, front.String()+", owner frozen", freezeBound+overlapCallTimeout, "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
+			run.waitCalls(t, overlapEvery)
+			victim := c.instanceMostMidCall(t)
+			pid := victim.proc.cmd.Process.Pid
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) // its cleanup's SIGINT needs it running
+			run.mark(t, "freeze")
+			frozen, at := time.Now(), run.callsEnded()
+			elsewhere := run.until(t, "calls ended during the freeze", freezeBound, func(ended, _ int) bool { return ended >= at+freezeCalls })
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			run.mark(t, "thaw")
+			t.Logf("%s frozen after %d calls ended, for %v, while %d calls ended elsewhere (reached %d: %v)",
+				victim.Name, at, time.Since(frozen).Round(time.Millisecond), run.callsEnded()-at, freezeCalls, elsewhere)
+			run.waitCalls(t, run.callsEnded()+2*overlapEvery)
+			run.stop(t)
+			wantNoCallsAtOnce(t, c, run.wait(t), began, &freezeWindow{from: "freeze", to: "thaw"})
+		})
 	}
-	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) // its cleanup's SIGINT needs it running
-	run.mark(t, "freeze")
-	frozen, at := time.Now(), run.callsEnded()
-	elsewhere := run.until(t, "calls ended during the freeze", freezeBound, func(ended, _ int) bool { return ended >= at+freezeCalls })
-	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	run.mark(t, "thaw")
-	t.Logf("%s frozen after %d calls ended, for %v, while %d calls ended elsewhere (reached %d: %v)",
-		victim.Name, at, time.Since(frozen).Round(time.Millisecond), run.callsEnded()-at, freezeCalls, elsewhere)
-	run.waitCalls(t, run.callsEnded()+2*overlapEvery)
-	run.stop(t)
-	wantNoCallsAtOnce(t, c, run.wait(t), began, &freezeWindow{from: "freeze", to: "thaw"})
 }
