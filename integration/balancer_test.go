@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,38 +62,101 @@ const (
 	haproxyExampleHash   = "\tbalance hdr(Mcp-Session-Id)\n"
 )
 
+// front is a running balancer in front of a cluster's instances.
+type front struct {
+	URL  string // its base URL
+	opts clusterOptions
+	// A Caddy front.
+	caddy *caddyProcess
+	// An nginx or HAProxy front: where it listens, its config file and
+	// its process.
+	addr, conf string
+	proc       *process
+}
+
 // startFront starts the balancer of opts in front of the instances at
-// dials and returns its base URL.
-func startFront(t testing.TB, opts clusterOptions, dials []string) string {
+// dials.
+func startFront(t testing.TB, opts clusterOptions, dials []string) *front {
 	t.Helper()
+	f := &front{opts: opts}
 	switch opts.Balancer {
 	case caddyHeaderHash, caddyRoundRobin:
-		policy := "\t\t# initialize carries no session id and lands on any instance;\n" +
-			"\t\t# every later request of the session on the one its id hashes to.\n" +
-			"\t\tlb_policy header Mcp-Session-Id\n"
-		if opts.Balancer == caddyRoundRobin {
-			policy = "\t\tlb_policy round_robin\n"
-		}
-		front := "\treverse_proxy " + strings.Join(dials, " ") + " {\n" + policy + "\t\tflush_interval -1\n"
-		if opts.Front != "" {
-			front += "\t\t" + strings.ReplaceAll(strings.TrimSpace(opts.Front), "\n", "\n\t\t") + "\n"
-		}
-		front += "\t}\n"
-		return startCaddy(t, caddySite(front))
+		f.caddy = runCaddy(t, f.caddyfile(dials))
+		f.URL = f.caddy.URL
+		return f
 	}
 	if opts.Front != "" {
 		t.Fatalf("clusterOptions.Front holds lines for a Caddy front; the %v front runs its file in examples/cluster", opts.Balancer)
 	}
-	addr := "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))
+	f.addr = "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))
 	switch opts.Balancer {
 	case nginxHash, nginxRoundRobin:
-		startNginx(t, renderNginxExample(t, addr, dials, opts.Balancer == nginxHash), addr)
+		f.conf, f.proc = startNginx(t, renderNginxExample(t, f.addr, dials, opts.Balancer == nginxHash), f.addr)
 	case haproxyHash, haproxyRoundRobin:
-		startHAProxy(t, renderHAProxyExample(t, addr, dials, opts.Balancer == haproxyHash), addr)
+		f.conf, f.proc = startHAProxy(t, renderHAProxyExample(t, f.addr, dials, opts.Balancer == haproxyHash), f.addr)
 	default:
 		t.Fatalf("unknown front %v", opts.Balancer)
 	}
-	return "http://" + addr
+	f.URL = "http://" + f.addr
+	return f
+}
+
+// caddyfile is a Caddy front's Caddyfile in front of dials.
+func (f *front) caddyfile(dials []string) string {
+	policy := "\t\t# initialize carries no session id and lands on any instance;\n" +
+		"\t\t# every later request of the session on the one its id hashes to.\n" +
+		"\t\tlb_policy header Mcp-Session-Id\n"
+	if f.opts.Balancer == caddyRoundRobin {
+		policy = "\t\tlb_policy round_robin\n"
+	}
+	proxy := "\treverse_proxy " + strings.Join(dials, " ") + " {\n" + policy + "\t\tflush_interval -1\n"
+	if f.opts.Front != "" {
+		proxy += "\t\t" + strings.ReplaceAll(strings.TrimSpace(f.opts.Front), "\n", "\n\t\t") + "\n"
+	}
+	proxy += "\t}\n"
+	site := caddySite(proxy)
+	if f.opts.FrontGracePeriod != 0 {
+		site = strings.Replace(site, "\tgrace_period 2s\n", "\tgrace_period "+f.opts.FrontGracePeriod.String()+"\n", 1)
+	}
+	return site
+}
+
+// setInstances has the front spread requests over dials from now on: a
+// Caddy front loads its config again (POST /load, which returns once the
+// old config has finished its requests, within its grace_period), nginx
+// reloads its file (SIGHUP: new workers take new connections, the old
+// ones finish their requests).
+func (f *front) setInstances(t testing.TB, dials []string) {
+	t.Helper()
+	switch {
+	case f.caddy != nil:
+		port := f.caddy.URL[strings.LastIndex(f.caddy.URL, ":")+1:]
+		config := strings.NewReplacer("{$MCP_TEST_PORT}", port, "{$MCP_TEST_ADMIN}", f.caddy.Admin).Replace(f.caddyfile(dials))
+		req, err := http.NewRequest(http.MethodPost, "http://"+f.caddy.Admin+"/load", strings.NewReader(config))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "text/caddyfile")
+		resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(req)
+		if err != nil {
+			t.Fatalf("the front's POST /load: %v", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("the front's POST /load: %s %s", resp.Status, body)
+		}
+	case f.opts.Balancer == nginxHash || f.opts.Balancer == nginxRoundRobin:
+		config := renderNginxExample(t, f.addr, dials, f.opts.Balancer == nginxHash)
+		if err := os.WriteFile(f.conf, []byte(config), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(f.proc.cmd.Process.Pid, syscall.SIGHUP); err != nil {
+			t.Fatalf("nginx: SIGHUP: %v", err)
+		}
+	default:
+		t.Fatalf("the %v front cannot change its instances here", f.opts.Balancer)
+	}
 }
 
 // nginxExampleServers are the server lines of examples/cluster/nginx.conf:
@@ -173,8 +238,9 @@ func sbinTool(t testing.TB, name string) string {
 
 // startNginx runs nginx in the foreground on config, with its pid file and
 // scratch files in a directory of its own (the system nginx's are not
-// touched), and waits until it listens on addr.
-func startNginx(t testing.TB, config, addr string) {
+// touched), waits until it listens on addr, and returns its config file
+// and process.
+func startNginx(t testing.TB, config, addr string) (string, *process) {
 	t.Helper()
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "nginx.conf")
@@ -188,6 +254,7 @@ func startNginx(t testing.TB, config, addr string) {
 	// SIGTERM: nginx's fast shutdown, the workers with it.
 	p := startProcess(t, "nginx", cmd, logPath, syscall.SIGTERM, 5*time.Second)
 	waitTCP(t, p, addr, logPath)
+	return conf, p
 }
 
 // nginxArgs runs conf with the prefix (pid file, scratch files) in dir and
@@ -196,9 +263,9 @@ func nginxArgs(dir, conf string, test ...string) []string {
 	return append(test, "-p", dir+"/", "-c", conf, "-e", "stderr", "-g", "daemon off; pid nginx.pid;")
 }
 
-// startHAProxy runs haproxy in the foreground on config and waits until it
-// listens on addr.
-func startHAProxy(t testing.TB, config, addr string) {
+// startHAProxy runs haproxy in the foreground on config, waits until it
+// listens on addr, and returns its config file and process.
+func startHAProxy(t testing.TB, config, addr string) (string, *process) {
 	t.Helper()
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "haproxy.cfg")
@@ -211,4 +278,5 @@ func startHAProxy(t testing.TB, config, addr string) {
 	cmd.Dir = dir
 	p := startProcess(t, "haproxy", cmd, logPath, syscall.SIGTERM, 5*time.Second)
 	waitTCP(t, p, addr, logPath)
+	return conf, p
 }

@@ -127,7 +127,8 @@ type inflightRun struct {
 	mu      sync.Mutex
 	ended   int
 	opened  int
-	changed chan struct{} // closed at each event, then replaced
+	marked  map[string]bool // the marks the client has recorded
+	changed chan struct{}   // closed at each event, then replaced
 }
 
 // startInflightRun starts the inflight mode through c's front with args
@@ -138,7 +139,7 @@ func startInflightRun(t *testing.T, c *cluster, label string, timeout time.Durat
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &inflightRun{label: label, stdin: stdinW, finished: make(chan struct{}), changed: make(chan struct{})}
+	r := &inflightRun{label: label, stdin: stdinW, finished: make(chan struct{}), marked: map[string]bool{}, changed: make(chan struct{})}
 	// Cleanups run last first: closing stdin stops the client, which is
 	// then waited for, so that it ends with its test.
 	t.Cleanup(func() { <-r.finished })
@@ -154,18 +155,20 @@ func startInflightRun(t *testing.T, c *cluster, label string, timeout time.Durat
 }
 
 func (r *inflightRun) onLine(line string) {
-	word, count, ok := strings.Cut(line, " ")
-	n, err := strconv.Atoi(count)
-	if !ok || err != nil {
+	word, arg, ok := strings.Cut(line, " ")
+	if !ok {
 		return
 	}
+	n, err := strconv.Atoi(arg)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	switch word {
-	case "ended":
+	switch {
+	case word == "ended" && err == nil:
 		r.ended = n
-	case "opened":
+	case word == "opened" && err == nil:
 		r.opened = n
+	case word == "marked":
+		r.marked[arg] = true
 	default:
 		return
 	}
@@ -230,6 +233,22 @@ func (r *inflightRun) send(t *testing.T, line string) {
 
 // mark has the client note the time under name, on its clock.
 func (r *inflightRun) mark(t *testing.T, name string) { r.send(t, "mark "+name) }
+
+// markNow has the client note the time under name and waits until it has,
+// so that what the test does next comes after the mark on the client's
+// clock too; it fails the test after 30 s.
+func (r *inflightRun) markNow(t *testing.T, name string) {
+	t.Helper()
+	r.mark(t, name)
+	recorded := func(int, int) bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.marked[name]
+	}
+	if !r.until(t, "the mark "+name, 30*time.Second, recorded) {
+		t.Fatalf("%s: the client did not record the mark %s within 30 s", r.label, name)
+	}
+}
 
 // stop ends the run: no call or session begins after it.
 func (r *inflightRun) stop(t *testing.T) { r.send(t, "stop") }
@@ -298,6 +317,24 @@ type freezeWindow struct{ from, to string }
 // connect.
 func wantNoCallsAtOnce(t *testing.T, c *cluster, res inflightResult, began time.Time, window *freezeWindow) {
 	t.Helper()
+	if window == nil {
+		wantNoCallsAtOnceExcusing(t, c, res, began, "", nil)
+		return
+	}
+	from, okFrom := res.Marks[window.from]
+	to, okTo := res.Marks[window.to]
+	if !okFrom || !okTo {
+		t.Fatalf("the client has no marks %q and %q: %v", window.from, window.to, res.Marks)
+	}
+	wantNoCallsAtOnceExcusing(t, c, res, began, "in flight during the fault", func(f failedCall) bool {
+		return f.BeganAt <= to && f.EndedAt >= from
+	})
+}
+
+// wantNoCallsAtOnceExcusing is wantNoCallsAtOnce, but a failed call that
+// excused accepts (the fault's, as what says) does not fail the test.
+func wantNoCallsAtOnceExcusing(t *testing.T, c *cluster, res inflightResult, began time.Time, what string, excused func(failedCall) bool) {
+	t.Helper()
 	rep := readOverlapReport(t, c.fpms[0].Store)
 	atOnce := 0
 	for _, peak := range rep.Sessions {
@@ -306,22 +343,17 @@ func wantNoCallsAtOnce(t *testing.T, c *cluster, res inflightResult, began time.
 		}
 	}
 	failedIn := 0
-	if window != nil {
-		from, okFrom := res.Marks[window.from]
-		to, okTo := res.Marks[window.to]
-		if !okFrom || !okTo {
-			t.Fatalf("the client has no marks %q and %q: %v", window.from, window.to, res.Marks)
-		}
+	if excused != nil {
 		for _, f := range res.FailedCallTimes {
-			if f.BeganAt <= to && f.EndedAt >= from {
+			if excused(f) {
 				failedIn++
 			}
 		}
 	}
 	t.Logf("at the backend: peak %d, %d overlapping pairs, %d of %d sessions with calls at once, %d requests counted", rep.Peak, rep.Overlaps, atOnce, len(rep.Sessions), rep.Requests)
 	during := ""
-	if window != nil {
-		during = fmt.Sprintf(" (%d of them in flight during the fault)", failedIn)
+	if excused != nil {
+		during = fmt.Sprintf(" (%d of them %s)", failedIn, what)
 	}
 	t.Logf("at the client: %d sessions, %d calls, %d failed %v%s, failed connects %d, failed deletes %d, HTTP errors %v, id mismatches %d; a call's p50 %.0f ms, longest %d ms; the run took %.1f s, the test %.1f s",
 		res.Opened, res.Calls, res.FailedCalls, res.Failures, during, res.FailedConnects, res.FailedDeletes, res.HTTPErrors, res.IDMismatches,
@@ -332,7 +364,11 @@ func wantNoCallsAtOnce(t *testing.T, c *cluster, res inflightResult, began time.
 		t.Errorf("%d calls answered, %d requests counted at the backend: the counter missed calls", res.Calls-res.FailedCalls, rep.Requests)
 	}
 	if res.FailedCalls-failedIn != 0 {
-		t.Errorf("%d calls failed %v, want none (but those in flight during a freeze)", res.FailedCalls-failedIn, res.Failures)
+		but := ""
+		if excused != nil {
+			but = " (but those " + what + ")"
+		}
+		t.Errorf("%d calls failed %v, want none%s", res.FailedCalls-failedIn, res.Failures, but)
 	}
 	if res.FailedConnects != 0 {
 		t.Errorf("%d sessions failed to connect, want none", res.FailedConnects)
@@ -536,4 +572,31 @@ func TestClusterRoundRobinOwnerFrozenRunsNoSessionsCallsAtOnce(t *testing.T) {
 			wantNoCallsAtOnce(t, c, run.wait(t), began, &freezeWindow{from: "freeze", to: "thaw"})
 		})
 	}
+}
+
+// waitFor waits until cond holds, checking every 100 ms, and fails the
+// test after bound.
+func waitFor(t *testing.T, what string, bound time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	began := time.Now()
+	for !cond() {
+		if time.Since(began) > bound {
+			t.Fatalf("%s: not within %v", what, bound)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return time.Since(began)
+}
+
+// forwarded is how many requests the instance has forwarded to their
+// session's owner and passed the owner's answer on, since it started.
+func (in *caddyInstance) forwarded(t *testing.T) float64 {
+	t.Helper()
+	return in.metrics(t, "caddy_mcp_serializer_forwards_total")[`{result="forwarded"}`]
+}
+
+// takeovers is how many sessions the running instances have taken over.
+func (c *cluster) takeovers(t *testing.T) float64 {
+	t.Helper()
+	return sumValues(c.metrics(t, "caddy_mcp_serializer_takeovers_total"))
 }

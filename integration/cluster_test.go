@@ -60,6 +60,20 @@ type clusterOptions struct {
 	// GracePeriod is each instance's grace_period (default 2s): how long a
 	// stopping instance finishes its requests.
 	GracePeriod time.Duration
+	// FrontGracePeriod is a Caddy front's grace_period (default 2s): how
+	// long the front's old config finishes its requests when it loads a
+	// new one (cluster.addInstance).
+	FrontGracePeriod time.Duration
+	// QueueTimeout is each instance's queue_timeout (default 30s): how
+	// long a request waits for its session's turn, or for an owner that
+	// cannot be reached, before it is answered 503.
+	QueueTimeout time.Duration
+	// Relays puts a TCP relay in the test process in front of each
+	// instance, which the instance advertises (mcp_serializer's
+	// advertise): the other instances reach it through the relay only,
+	// so that cutting it partitions them from the instance while the
+	// front and Redis still reach it.
+	Relays bool
 }
 
 // clusterInitTimeout is the instances' init_timeout.
@@ -70,6 +84,10 @@ type cluster struct {
 	Front     string // the front's base URL; clients use Front + "/mcp"
 	Instances []*caddyInstance
 	fpms      []*phpFPM
+	opts      clusterOptions // as started, defaults filled in
+	phpStore  string         // the PHP pools' shared store (not with Stub)
+	stubDir   string         // the stubs' shared store (with Stub)
+	front     *front
 }
 
 // caddyInstance is one Caddy process on fixed loopback ports, so that it can
@@ -84,6 +102,7 @@ type caddyInstance struct {
 	log   string
 	env   []string // more environment for its Caddyfile, e.g. an example's settings
 	proc  *process
+	relay *hopRelay // the relay it advertises (clusterOptions.Relays), or nil
 }
 
 // startCluster starts the upstreams, the instances and the front.
@@ -95,26 +114,74 @@ func startCluster(t *testing.T, opts clusterOptions) *cluster {
 	if opts.PHPWorkers == 0 {
 		opts.PHPWorkers = 4
 	}
-	c := &cluster{}
-	var upstreams []string // the Caddyfile lines that serve MCP on each instance
-	if opts.Stub {
-		storeDir := t.TempDir()
-		for i := 0; i < opts.Instances; i++ {
-			addr := startStub(t, storeDir, i)
-			upstreams = append(upstreams, fmt.Sprintf("\t\treverse_proxy %s {\n\t\t\tflush_interval -1\n\t\t}\n", addr))
-		}
-	} else {
-		store := sharedPHPStore(t)
-		for i := 0; i < opts.Instances; i++ {
-			fpm := startPHPFPM(t, phpFPMOptions{Workers: opts.PHPWorkers, Store: store, ProgressMS: opts.ProgressMS, CountOverlap: opts.CountOverlap})
-			c.fpms = append(c.fpms, fpm)
-			upstreams = append(upstreams, "\t"+strings.ReplaceAll(fpm.fastcgiDirectives(), "\n\t", "\n\t\t"))
-		}
+	if opts.QueueTimeout == 0 {
+		opts.QueueTimeout = 30 * time.Second
 	}
+	c := &cluster{opts: opts}
+	if opts.Stub {
+		c.stubDir = t.TempDir()
+	} else {
+		c.phpStore = sharedPHPStore(t)
+	}
+	for i := 0; i < opts.Instances; i++ {
+		c.newInstance(t)
+	}
+	for _, in := range c.Instances {
+		in.start(t)
+	}
+	c.front = startFront(t, opts, c.dials())
+	c.Front = c.front.URL
+	return c
+}
 
-	serializer := "\t\tmcp_serializer {\n\t\t\tget_stream reject\n\t\t\tinit_timeout " + clusterInitTimeout.String() + "\n\t\t\tqueue_timeout 30s\n"
+// newInstance starts an upstream of its own for one more instance and
+// writes the instance's Caddyfile, behind a relay it advertises if
+// opts.Relays; start runs it. The front does not know it yet.
+func (c *cluster) newInstance(t *testing.T) *caddyInstance {
+	t.Helper()
+	i := len(c.Instances)
+	var upstream string // the Caddyfile lines that serve MCP on the instance
+	if c.opts.Stub {
+		addr := startStub(t, c.stubDir, i)
+		upstream = fmt.Sprintf("\t\treverse_proxy %s {\n\t\t\tflush_interval -1\n\t\t}\n", addr)
+	} else {
+		fpm := startPHPFPM(t, phpFPMOptions{Workers: c.opts.PHPWorkers, Store: c.phpStore, ProgressMS: c.opts.ProgressMS, CountOverlap: c.opts.CountOverlap})
+		c.fpms = append(c.fpms, fpm)
+		upstream = "\t" + strings.ReplaceAll(fpm.fastcgiDirectives(), "\n\t", "\n\t\t")
+	}
+	var relay *hopRelay
+	advertise := ""
+	if c.opts.Relays {
+		relay = startHopRelay(t)
+		advertise = relay.Addr()
+	}
+	in := newCaddyInstance(t, fmt.Sprintf("instance-%c", 'a'+i), c.opts.Global, `	handle /healthz {
+		respond "ok" 200
+	}
+	handle {
+`+c.serializer(advertise)+upstream+`	}
+`)
+	if relay != nil {
+		relay.setTarget("127.0.0.1:" + strconv.Itoa(in.Port))
+		in.relay = relay
+	}
+	if c.opts.GracePeriod != 0 {
+		in.setGracePeriod(t, c.opts.GracePeriod)
+	}
+	c.Instances = append(c.Instances, in)
+	return in
+}
+
+// serializer is the mcp_serializer block of every instance, with
+// advertise when not "".
+func (c *cluster) serializer(advertise string) string {
+	opts := c.opts
+	serializer := "\t\tmcp_serializer {\n\t\t\tget_stream reject\n\t\t\tinit_timeout " + clusterInitTimeout.String() + "\n\t\t\tqueue_timeout " + opts.QueueTimeout.String() + "\n"
 	if opts.Order != "" {
 		serializer += "\t\t\torder " + opts.Order + "\n"
+	}
+	if advertise != "" {
+		serializer += "\t\t\tadvertise " + advertise + "\n"
 	}
 	if opts.Key != "" {
 		serializer += "\t\t\tkey " + opts.Key + "\n"
@@ -125,26 +192,28 @@ func startCluster(t *testing.T, opts clusterOptions) *cluster {
 	if opts.State != "" {
 		serializer += "\t\t\t" + strings.ReplaceAll(strings.TrimSpace(opts.State), "\n", "\n\t\t\t") + "\n"
 	}
-	serializer += "\t\t}\n"
+	return serializer + "\t\t}\n"
+}
 
+// dials are the instances' addresses, as the front dials them.
+func (c *cluster) dials() []string {
 	var dials []string
-	for i := 0; i < opts.Instances; i++ {
-		in := newCaddyInstance(t, fmt.Sprintf("instance-%c", 'a'+i), opts.Global, `	handle /healthz {
-		respond "ok" 200
-	}
-	handle {
-`+serializer+upstreams[i]+`	}
-`)
-		if opts.GracePeriod != 0 {
-			in.setGracePeriod(t, opts.GracePeriod)
-		}
-		in.start(t)
-		c.Instances = append(c.Instances, in)
+	for _, in := range c.Instances {
 		dials = append(dials, "127.0.0.1:"+strconv.Itoa(in.Port))
 	}
+	return dials
+}
 
-	c.Front = startFront(t, opts, dials)
-	return c
+// addInstance starts one more instance, on an upstream of its own, waits
+// until it answers, and then adds it to the front: a Caddy front loads
+// its config again through its admin API, nginx reloads its file
+// (SIGHUP).
+func (c *cluster) addInstance(t *testing.T) *caddyInstance {
+	t.Helper()
+	in := c.newInstance(t)
+	in.start(t)
+	c.front.setInstances(t, c.dials())
+	return in
 }
 
 // sharedPHPStore creates one SQLite session store for several PHP-FPM pools.

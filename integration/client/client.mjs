@@ -72,7 +72,8 @@
 //   --events prints `opened K` on stdout once K sessions have connected and
 //   `ended K` once K calls have ended, so a test can inject a fault on
 //   those events with calls in flight, and reads stdin: `mark NAME`
-//   records the time under NAME (marks, in ms like the calls' times), and
+//   records the time under NAME (marks, in ms like the calls' times) and
+//   says `marked NAME` on stdout once it has, and
 //   `stop` (or stdin closing) ends the run early: no session opens and no
 //   lane sends a call after it; the calls in flight end and the sessions
 //   are deleted.
@@ -729,6 +730,7 @@ function inflightControl(opts, marks) {
       } else if (word === 'mark' && name) {
         marks[name] = now();
         log(`mark ${name}`);
+        process.stdout.write(`marked ${name}\n`);
       }
     });
     lines.on('close', () => { stopped = true; });
