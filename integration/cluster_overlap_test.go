@@ -600,3 +600,40 @@ func (c *cluster) takeovers(t *testing.T) float64 {
 	t.Helper()
 	return sumValues(c.metrics(t, "caddy_mcp_serializer_takeovers_total"))
 }
+
+// Scale-out: a fourth instance started once overlapEvery calls have ended
+// and added to the front (a Caddy front loads its config again through
+// its admin API, its old config finishing the calls in flight; nginx
+// reloads its file), behind each round-robin front. The run's sessions,
+// all owned by the first three, are forwarded through it to their owners;
+// no call fails and no session's calls run at once.
+func TestClusterRoundRobinScaleOutRunsNoSessionsCallsAtOnce(t *testing.T) {
+	prerequisites(t)
+	for _, front := range roundRobinFronts {
+		t.Run(front.String(), func(t *testing.T) {
+			began := time.Now()
+			opts := overlapOptions(startRedis(t), front)
+			opts.FrontGracePeriod = 30 * time.Second
+			c := startOwnerCluster(t, opts)
+			run := startInflightRun(t, c, front.String()+", scale-out", overlapCallTimeout, "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
+			run.waitCalls(t, overlapEvery)
+			at, joining := run.callsEnded(), time.Now()
+			in := c.addInstance(t)
+			added := time.Since(joining)
+			// A request of the run met it: forwarded, or served there.
+			reached := func() float64 {
+				return sumValues(in.metrics(t, "caddy_mcp_serializer_forwards_total")) + sumValues(in.metrics(t, "caddy_mcp_serializer_queue_wait_seconds_count"))
+			}
+			through := waitFor(t, in.Name+" gets the run's requests", overlapWait, func() bool { return reached() > 0 })
+			t.Logf("%s started after %d calls ended, answering and given to the front %v later; the first of the run's requests met it %v after that",
+				in.Name, at, added.Round(time.Millisecond), through.Round(time.Millisecond))
+			run.waitCalls(t, run.callsEnded()+2*overlapEvery)
+			run.stop(t)
+			res := run.wait(t)
+			wantNoCallsAtOnce(t, c, res, began, nil)
+			if n := in.forwarded(t); n < 2 {
+				t.Errorf("%s forwarded %v of the run's requests to their owners, want them routed through it", in.Name, n)
+			}
+		})
+	}
+}
