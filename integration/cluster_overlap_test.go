@@ -637,3 +637,37 @@ func TestClusterRoundRobinScaleOutRunsNoSessionsCallsAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// The instance with the most sessions mid-call killed (SIGKILL) once
+// overlapEvery calls have ended: the calls in flight on it then may fail,
+// none after. Its sessions are taken over once its lease has lapsed (3 s)
+// and the lock delay passed (3 s): their calls wait meanwhile, the longest
+// call says how long. It is then started again on its ports, under a new
+// ID, once overlapEvery more calls have ended, and the run goes on
+// through it. No session's calls may run at once at the backend.
+func TestClusterRoundRobinInstanceKilledRunsNoSessionsCallsAtOnce(t *testing.T) {
+	prerequisites(t)
+	began := time.Now()
+	c := startOverlapCluster(t, startRedis(t))
+	run := startInflightRun(t, c, "instance killed", overlapCallTimeout, "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
+	run.waitCalls(t, overlapEvery)
+	victim := c.instanceMostMidCall(t)
+	run.markNow(t, "kill")
+	at := run.callsEnded()
+	victim.kill(t)
+	killed := time.Now()
+	run.mark(t, "killed")
+	takenOver := waitFor(t, "the killed instance's sessions taken over", overlapWait, func() bool { return c.takeovers(t) > 0 })
+	t.Logf("%s killed after %d calls ended; the first of its sessions taken over %v later", victim.Name, at, takenOver.Round(time.Millisecond))
+	run.waitCalls(t, run.callsEnded()+overlapEvery)
+	victim.start(t)
+	t.Logf("%s started again %v after the kill, after %d calls ended", victim.Name, time.Since(killed).Round(time.Millisecond), run.callsEnded())
+	through := waitFor(t, victim.Name+" forwards the run's requests again", overlapWait, func() bool { return victim.forwarded(t) > 0 })
+	t.Logf("%s passed on its first forward %v after it started again", victim.Name, through.Round(time.Millisecond))
+	run.waitCalls(t, run.callsEnded()+2*overlapEvery)
+	run.stop(t)
+	res := run.wait(t)
+	t.Logf("the longest call lasted %d ms (a call itself lasts at most %v): its session's owner was killed", res.CallMaxMs, 6*overlapStep)
+	wantNoCallsAtOnce(t, c, res, began, &freezeWindow{from: "kill", to: "killed"})
+	t.Logf("sessions taken over: %v", c.takeovers(t))
+}
