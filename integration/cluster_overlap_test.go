@@ -671,3 +671,83 @@ func TestClusterRoundRobinInstanceKilledRunsNoSessionsCallsAtOnce(t *testing.T) 
 	wantNoCallsAtOnce(t, c, res, began, &freezeWindow{from: "kill", to: "killed"})
 	t.Logf("sessions taken over: %v", c.takeovers(t))
 }
+
+// A partition between instances: each instance advertises a relay in the
+// test process, and the relay of the instance with the most sessions
+// mid-call is cut once overlapEvery calls have ended, while the front and
+// Redis still reach that instance. Cut as refused (the listener closed),
+// a request across the partition is tried again every 250 ms and answered
+// 503 at queue_timeout (8 s here): the relay is healed once 2*overlapEvery
+// more calls have ended and such a 503 was counted. Cut as black-holed
+// (connections accepted, nothing passed either way), a forward's dial
+// succeeds and it waits for the owner's answer: the relay is healed once
+// 2*overlapEvery more calls have ended. Either is healed after 20 s past
+// queue_timeout at the latest. The owner's lease stands, so no session is
+// taken over and none's calls run at once at the backend; a call may fail
+// only with a 503 from across the partition.
+func TestClusterRoundRobinPartitionBetweenInstancesRunsNoSessionsCallsAtOnce(t *testing.T) {
+	prerequisites(t)
+	const queueTimeout = 8 * time.Second
+	for _, kind := range []cutKind{cutRefused, cutBlackHoled} {
+		t.Run(kind.String(), func(t *testing.T) {
+			began := time.Now()
+			opts := overlapOptions(startRedis(t), caddyRoundRobin)
+			opts.Relays = true
+			opts.QueueTimeout = queueTimeout
+			c := startOwnerCluster(t, opts)
+			const healCalls, healBound = 2 * overlapEvery, queueTimeout + 20*time.Second
+			// A call may wait out the whole partition before its own time.
+			run := startInflightRun(t, c, "partition, "+kind.String(), healBound+overlapCallTimeout, "--n", strconv.Itoa(overlapSessions), "--rounds", "100")
+			run.waitCalls(t, overlapEvery)
+			victim := c.instanceMostMidCall(t)
+			others := func(name string) float64 {
+				n := 0.0
+				for _, in := range c.Instances {
+					if in != victim {
+						n += in.metrics(t, name)[`{result="unreachable"}`] + in.metrics(t, name)[`{reason="owner_unreachable"}`]
+					}
+				}
+				return n
+			}
+			unreachable := func() float64 { return others("caddy_mcp_serializer_forwards_total") }
+			answered503 := func() float64 { return others("caddy_mcp_serializer_rejections_total") }
+			unreachableBefore := unreachable()
+			run.markNow(t, "cut")
+			victim.relay.cutAs(t, kind)
+			at, cut := run.callsEnded(), time.Now()
+			healed := run.until(t, "calls ended during the partition", healBound, func(ended, _ int) bool {
+				return ended >= at+healCalls && (kind != cutRefused || answered503() > 0)
+			})
+			stats := victim.relay.heal(t)
+			lasted := time.Since(cut)
+			run.mark(t, "healed")
+			held := ""
+			if kind == cutBlackHoled {
+				held = fmt.Sprintf(", %d accepted in the black hole and held, the longest for %v", stats.Held, stats.LongestHeld.Round(time.Millisecond))
+			}
+			t.Logf("%s's relay %v after %d calls ended, for %v, while %d calls ended (healed on events: %v); through the relay: %d connections before the cut%s; forwards to it unreachable meanwhile %v, requests answered 503 for it %v (queue_timeout %v)",
+				victim.Name, kind, at, lasted.Round(time.Millisecond), run.callsEnded()-at, healed,
+				stats.Accepted, held, unreachable()-unreachableBefore, answered503(), queueTimeout)
+			if stats.Accepted == 0 {
+				t.Fatalf("no instance reached %s through its relay before the partition: it does not advertise the relay", victim.Name)
+			}
+			if stats.Held == 0 && unreachable() == unreachableBefore {
+				t.Errorf("no request met the partition: none was forwarded to %s while its relay was cut", victim.Name)
+			}
+			run.waitCalls(t, run.callsEnded()+2*overlapEvery)
+			run.stop(t)
+			res := run.wait(t)
+			t.Logf("calls answered 503 from across the partition: %d (HTTP errors %v); the longest call lasted %d ms (a call itself lasts at most %v)",
+				res.Failures["HTTP 503"], res.HTTPErrors, res.CallMaxMs, 6*overlapStep)
+			wantNoCallsAtOnceExcusing(t, c, res, began, "answered 503 from across the partition", func(f failedCall) bool { return f.Reason == "HTTP 503" })
+			rejected := c.metrics(t, "caddy_mcp_serializer_rejections_total")
+			t.Logf("requests answered by the instances themselves, by reason: %v", nonZero(rejected))
+			if across := rejected[`{reason="owner_unreachable"}`]; float64(res.Failures["HTTP 503"]) > across {
+				t.Errorf("%d calls answered 503, %v of them because the owner could not be reached: the others were not from across the partition", res.Failures["HTTP 503"], across)
+			}
+			if n := c.takeovers(t); n != 0 {
+				t.Errorf("%v sessions taken over across the partition, want none: the owner's lease stood", n)
+			}
+		})
+	}
+}
