@@ -737,11 +737,14 @@ func TestAReloadThatTurnsOrderOwnerOffHandsTheSessionsOver(t *testing.T) {
 
 // hopRelay passes TCP connections on to target until cut, which refuses
 // and breaks them from then on: a partition of the hop to one instance,
-// while the front and Redis still reach it.
+// while the front and Redis still reach it. After hold, it accepts
+// connections and passes nothing on: a black hole past the handshake.
 type hopRelay struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
+	ln      net.Listener
+	mu      sync.Mutex
+	conns   []net.Conn
+	holding bool
+	held    int
 }
 
 func startHopRelay(t *testing.T, target string) *hopRelay {
@@ -758,6 +761,14 @@ func startHopRelay(t *testing.T, target string) *hopRelay {
 			if err != nil {
 				return
 			}
+			h.mu.Lock()
+			if h.holding {
+				h.conns = append(h.conns, c)
+				h.held++
+				h.mu.Unlock()
+				continue
+			}
+			h.mu.Unlock()
 			up, err := net.Dial("tcp", target)
 			if err != nil {
 				c.Close()
@@ -771,6 +782,21 @@ func startHopRelay(t *testing.T, target string) *hopRelay {
 		}
 	}()
 	return h
+}
+
+// hold accepts every later connection and never answers it, nor passes
+// it on.
+func (h *hopRelay) hold() {
+	h.mu.Lock()
+	h.holding = true
+	h.mu.Unlock()
+}
+
+// heldConns is how many connections hold has accepted.
+func (h *hopRelay) heldConns() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.held
 }
 
 func (h *hopRelay) cut() {
@@ -816,6 +842,57 @@ func TestAPartitionBetweenInstancesCosts503sNeverTwoServers(t *testing.T) {
 	}
 	if a := call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, rpcRequest("4", "tools/list")); a.status != http.StatusOK {
 		t.Fatalf("on the owner's side of the partition: %d %s", a.status, a.body)
+	}
+}
+
+// A hop to the owner that accepts connections and then answers nothing
+// (a middlebox that accepts for it, or a network that drops packets once
+// the handshake is done) holds a request forwarded there past
+// queue_timeout: the dial succeeded, so the request may have reached the
+// owner, and the owner's lease stands, so it is neither answered 503 nor
+// served elsewhere. Only its client's leaving ends it. (A hop that drops
+// the handshake too fails the dial after forwardDialTimeout, as a refused
+// one fails it at once, and the request is answered 503 at queue_timeout:
+// TestAPartitionBetweenInstancesCosts503sNeverTwoServers.)
+func TestABlackHoledHopToALiveOwnerHoldsTheRequestUntilItsClientLeaves(t *testing.T) {
+	var minted atomic.Int64
+	up, addr := newUpstream(t, echoingAnswer(func() string { return fmt.Sprintf("up-%d", minted.Add(1)) }))
+	const queueTimeout = 2 * time.Second
+	in := startOwnerInstances(t, addr, "queue_timeout "+queueTimeout.String())
+	relay := startHopRelay(t, strings.TrimPrefix(in.a, "http://"))
+	full := in.caddyfile("")
+	start := strings.Index(full, in.a+" {")
+	site := strings.Replace(full[start:], "\t\torder owner\n", "\t\torder owner\n\t\tadvertise "+relay.ln.Addr().String()+"\n", 1)
+	loadThroughAdmin(t, in.admin, full[:start]+site)
+
+	ctx := context.Background()
+	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
+	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
+	if a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("2", "tools/list")); a.status != http.StatusOK {
+		t.Fatalf("through the hop before it went silent: %d %s", a.status, a.body)
+	}
+	relay.hold()
+	before := len(up.requests())
+	const waited = queueTimeout + 3*time.Second
+	clientCtx, leave := context.WithTimeout(ctx, waited)
+	defer leave()
+	began := time.Now()
+	a := call(clientCtx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("3", "tools/call"))
+	if a.err == nil {
+		t.Fatalf("across the black hole: answered %d after %v: %s; want no answer while the client waits (%v, past queue_timeout %v)",
+			a.status, time.Since(began).Round(time.Millisecond), a.body, waited, queueTimeout)
+	}
+	if relay.heldConns() != 1 {
+		t.Fatalf("the relay held %d connections, want the one forward", relay.heldConns())
+	}
+	if n := len(up.requests()) - before; n != 0 {
+		t.Fatalf("the upstream got %d requests while the hop was silent, want none", n)
+	}
+	if n := scrapeMetric(t, in.b, "caddy_mcp_serializer_takeovers_total"); n != 0 {
+		t.Fatalf("b took over %v sessions across the black hole, want none", n)
+	}
+	if a := call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, rpcRequest("4", "tools/list")); a.status != http.StatusOK {
+		t.Fatalf("on the owner's side of the black hole: %d %s", a.status, a.body)
 	}
 }
 
