@@ -66,10 +66,13 @@ func newForwarder(ctx caddy.Context) (*reverseproxy.Handler, error) {
 	// A new connection for each forward: a stopping owner closes its idle
 	// ones, and a request sent on one just as it closes fails after it
 	// may have been sent; a refused dial is retried safely instead.
+	// TCP keep-alive probes every second (after Go's 15 s of idle, nine
+	// of them) end a forward whose owner's host went silent, packets
+	// dropped, in about 25 s rather than Caddy's default 5 minutes.
 	keepAlive := false
 	transport := &reverseproxy.HTTPTransport{
 		DialTimeout: caddy.Duration(forwardDialTimeout),
-		KeepAlive:   &reverseproxy.KeepAlive{Enabled: &keepAlive},
+		KeepAlive:   &reverseproxy.KeepAlive{Enabled: &keepAlive, ProbeInterval: caddy.Duration(time.Second)},
 	}
 	proxy := &reverseproxy.Handler{
 		TransportRaw:  caddyconfig.JSONModuleObject(transport, "protocol", "http", nil),
