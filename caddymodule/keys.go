@@ -96,16 +96,23 @@ func (h *Handler) hashKey(value string) string {
 }
 
 // basicUser is the user name PHP gives a script (PHP_AUTH_USER, which
-// WordPress reads) for an Authorization header, decoded as PHP does:
-// "Basic " in any case, then base64 without strict mode (every character
-// outside the alphabet, "=" included, skipped wherever it stands, a lone
-// last character dropped), and what comes before the first ":" unless a
-// NUL comes first. ok is false where PHP sees no user. Go's
-// Request.BasicAuth is stricter: a credential it refuses that PHP accepts
-// would reach WordPress as the user while it joins no line.
+// WordPress reads) for an Authorization header; ok is false where PHP
+// sees no user. See basicCredentials.
 func basicUser(header string) (user string, ok bool) {
+	user, _, ok = basicCredentials(header)
+	return user, ok
+}
+
+// basicCredentials are the user and password PHP gives a script for an
+// Authorization header, decoded as PHP does: "Basic " in any case, then
+// base64 without strict mode (every character outside the alphabet, "="
+// included, skipped wherever it stands, a lone last character dropped),
+// split at the first ":" unless a NUL comes first. Go's
+// Request.BasicAuth is stricter: a credential it refuses that PHP accepts
+// would reach WordPress as the user while it joined no line.
+func basicCredentials(header string) (user, password string, ok bool) {
 	if len(header) < 6 || !strings.EqualFold(header[:6], "basic ") {
-		return "", false
+		return "", "", false
 	}
 	alphabet := make([]byte, 0, len(header)-6)
 	for _, c := range []byte(header[6:]) {
@@ -118,14 +125,11 @@ func basicUser(header string) (user string, ok bool) {
 	}
 	raw, err := base64.RawStdEncoding.DecodeString(string(alphabet))
 	if err != nil {
-		return "", false
+		return "", "", false
 	}
-	if nul := bytes.IndexByte(raw, 0); nul >= 0 {
-		raw = raw[:nul]
+	name, pass, found := bytes.Cut(raw, []byte(":"))
+	if !found || bytes.IndexByte(name, 0) >= 0 {
+		return "", "", false
 	}
-	name, _, found := bytes.Cut(raw, []byte(":"))
-	if !found {
-		return "", false
-	}
-	return string(name), true
+	return string(name), string(pass), true
 }

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -76,12 +77,25 @@ func (h *Handler) awaitProof(r *http.Request, info *requestInfo) (unproven seria
 	if h.Key != keyBasicUser || !lined {
 		return serializer.Turn{}, "", nil
 	}
-	password = h.hashKey(r.Header.Get("Authorization"))
+	password = h.hashKey(provenSpelling(r))
 	if h.proven.proven(password, time.Now()) {
 		return serializer.Turn{}, password, nil
 	}
 	unproven, err = h.table.AcquireKeyed(r.Context(), line+" unproven", 0)
 	return unproven, password, err
+}
+
+// provenSpelling is what a proof is kept under: the credentials as
+// WordPress compares them (the user in any case, the password without
+// the spaces WordPress ignores in an Application Password), so that one
+// password written in endless spellings is proven once rather than
+// pushing other users' proofs out.
+func provenSpelling(r *http.Request) string {
+	user, password, ok := basicCredentials(strings.Join(r.Header.Values("Authorization"), ", "))
+	if !ok {
+		return r.Header.Get("Authorization")
+	}
+	return "proof " + strings.ToLower(user) + ":" + strings.ReplaceAll(password, " ", "")
 }
 
 // answered records, with key basic_user, that the MCP server accepted the

@@ -1,6 +1,9 @@
 package caddymodule
 
 import (
+	"encoding/base64"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -28,5 +31,36 @@ func TestAcceptedCredentialsAreProvenUntilTheirTimeAndBounded(t *testing.T) {
 	}
 	if !p.proven("d", now) {
 		t.Fatal("the credential accepted last was forgotten")
+	}
+}
+
+// One password is proven once whichever way its client spells it (base64
+// with or without padding, the user in any case, the spaces WordPress
+// ignores in an Application Password), so that endless spellings of one
+// valid password cannot push other users' proofs out; another password is
+// not proven by it.
+func TestAProofHoldsForEverySpellingOfItsCredentials(t *testing.T) {
+	spell := func(user, password string, pad bool) *http.Request {
+		enc := base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
+		if !pad {
+			enc = strings.TrimRight(enc, "=")
+		}
+		return basicRequest("Basic " + enc)
+	}
+	want := provenSpelling(spell("admin", "abcd efgh ijkl mnop qrst uvwx", true))
+	for _, r := range []*http.Request{
+		spell("Admin", "abcdefghijklmnopqrstuvwx", true),
+		spell("admin", "abcd efgh ijkl mnop qrst uvwx", false),
+		spell("ADMIN", "ab cd ef gh ij kl mn op qr st uv wx", false),
+	} {
+		if got := provenSpelling(r); got != want {
+			t.Errorf("%q is kept apart from the same password's proof", r.Header.Get("Authorization"))
+		}
+	}
+	if provenSpelling(spell("admin", "abcdefghijklmnopqrstuvwy", true)) == want {
+		t.Error("another password shares the proof")
+	}
+	if provenSpelling(spell("editor", "abcdefghijklmnopqrstuvwx", true)) == want {
+		t.Error("another user's password shares the proof")
 	}
 }
