@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 
@@ -68,10 +69,14 @@ func (h *Handler) keyOf(r *http.Request) string {
 	if h.Key == keyBasicUser {
 		// Caddy's php_fastcgi joins repeated headers this way.
 		user, ok := basicUser(strings.Join(r.Header.Values("Authorization"), ", "))
-		if !ok || user == "" {
+		if !ok {
 			return ""
 		}
-		return "key " + h.hashKey(keyBasicUser+" "+strings.ToLower(user))
+		user = wordpressLogin(user)
+		if user == "" {
+			return ""
+		}
+		return "key " + h.hashKey(keyBasicUser+" "+user)
 	}
 	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if !ok {
@@ -128,8 +133,45 @@ func basicCredentials(header string) (user, password string, ok bool) {
 		return "", "", false
 	}
 	name, pass, found := bytes.Cut(raw, []byte(":"))
-	if !found || bytes.IndexByte(name, 0) >= 0 {
+	if nul := bytes.IndexByte(pass, 0); nul >= 0 {
+		pass = pass[:nul]
+	}
+	// PHP sets no password for an empty one, and WordPress then takes
+	// the request as anonymous.
+	if !found || bytes.IndexByte(name, 0) >= 0 || len(pass) == 0 {
 		return "", "", false
 	}
 	return string(name), string(pass), true
+}
+
+var (
+	loginTags     = regexp.MustCompile(`<[^>]*>`)
+	loginEscapes  = regexp.MustCompile(`%[a-fA-F0-9]{2}|&.+?;`)
+	loginSpaces   = regexp.MustCompile(`\s+`)
+	appPasswordRe = regexp.MustCompile(`[^a-zA-Z0-9]`)
+)
+
+// wordpressLogin is the login WordPress looks a Basic user up by, as its
+// sanitize_user does without strict mode (tags, %XX escapes and entities
+// removed, whitespace trimmed and collapsed), in lower case as its
+// database compares it. Accents are left as they are, and a user signing
+// in by e-mail gets a line of its own.
+func wordpressLogin(user string) string {
+	user = loginTags.ReplaceAllString(user, "")
+	user = loginEscapes.ReplaceAllString(user, "")
+	user = loginSpaces.ReplaceAllString(strings.TrimSpace(user), " ")
+	return strings.ToLower(user)
+}
+
+// wordpressPassword is a Basic password as WordPress compares it: trimmed
+// as wp_authenticate trims it, and, when what is left without its
+// non-alphanumeric bytes is as long as an Application Password (24), that
+// stripped form, which WordPress checks Application Passwords by. Any
+// other password stays as typed: a regular one is compared whole.
+func wordpressPassword(password string) string {
+	password = strings.Trim(password, " \t\n\r\x00\x0b")
+	if stripped := appPasswordRe.ReplaceAllString(password, ""); len(stripped) == 24 {
+		return stripped
+	}
+	return password
 }

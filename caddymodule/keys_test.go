@@ -72,7 +72,8 @@ func TestBasicCredentialsAreReadAsPHPReadsThem(t *testing.T) {
 		{"Basic  YWRtaW46cHc=", "admin", true}, // two spaces
 		{"Basic YWRt aW46cHc=", "admin", true}, // a space inside
 		{"Basic YW=I6Yw", "ab", true},          // "=" inside
-		{"Basic YWI6Y", "ab", true},            // a lone last character
+		{"Basic YWI6Yw", "ab", true},           // no padding, a password of one byte
+		{"Basic YWI6Y", "", false},             // a lone last character dropped: "ab:", no password, anonymous to WordPress
 		{"Basic YWRtaW46cHc=, Basic YWI6Yw==", "admin", true},
 		{"BASIC\tYWRtaW46cHc=", "", false},
 		{"Basic !!!", "", false},
@@ -113,4 +114,70 @@ func basicRequest(headers ...string) *http.Request {
 		r.Header.Add("Authorization", v)
 	}
 	return r
+}
+
+func basicOf(user, password string) string {
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password))
+}
+
+// WordPress looks a Basic user up with get_user_by('login') (trim, then
+// sanitize_user: tags, %XX and entities removed, whitespace collapsed),
+// then by e-mail: every spelling below is the user "admin" to WordPress,
+// so its requests touch admin's per-user record while they wait in
+// another line.
+func TestAUserSpelledAsWordPressTrimsItJoinsItsLine(t *testing.T) {
+	h := &Handler{Key: keyBasicUser}
+	want := h.keyOf(basicRequest(basicOf("admin", "pw")))
+	for _, user := range []string{"admin ", " admin", "\tadmin\n", "ad%41min", "<b>admin</b>"} {
+		if got := h.keyOf(basicRequest(basicOf(user, "pw"))); got != want {
+			t.Errorf("user %q (admin to WordPress) is lined apart from admin", user)
+		}
+	}
+}
+
+// PHP sets no PHP_AUTH_PW when the password is empty or starts with a NUL
+// (checked against php-fpm 8.2), and WordPress then ignores the Basic
+// credentials: the request is anonymous. It is not admin's, yet it waits
+// in admin's line, and should the server answer it 2xx it proves
+// "admin:<anything after NUL>" for everyone who knows only the name.
+func TestACredentialPHPGivesNoPasswordJoinsNoUsersLine(t *testing.T) {
+	h := &Handler{Key: keyBasicUser}
+	for _, password := range []string{"", "\x00", "\x00anything"} {
+		if got := h.keyOf(basicRequest(basicOf("admin", password))); got != "" {
+			t.Errorf("password %q: PHP sets no PHP_AUTH_PW, WordPress sees no user, yet lined as admin", password)
+		}
+	}
+}
+
+// WordPress strips every non-alphanumeric byte from an Application
+// Password (preg_replace('/[^a-z\d]/i', ”, ...)) and PHP cuts
+// PHP_AUTH_PW at its first NUL: each spelling below is the same valid
+// password, yet each is its own proof, so one valid password still
+// fills the proof record in endless spellings.
+func TestAProofHoldsForEverySpellingWordPressAccepts(t *testing.T) {
+	const pw = "abcdefghijklmnopqrstuvwx"
+	want := provenSpelling(basicRequest(basicOf("admin", pw)))
+	for _, spelling := range []string{
+		"abcd-efgh-ijkl-mnop-qrst-uvwx",
+		"abcd.efgh.ijkl.mnop.qrst.uvwx",
+		"abcd\tefgh\tijkl\tmnop\tqrst\tuvwx",
+		"abcd\u00a0efgh\u00a0ijkl\u00a0mnop\u00a0qrst\u00a0uvwx",
+		pw + "\x00one",
+		pw + "\x00two",
+	} {
+		if got := provenSpelling(basicRequest(basicOf("admin", spelling))); got != want {
+			t.Errorf("%q (the same password to WordPress) is kept apart from its proof", spelling)
+		}
+	}
+}
+
+// A regular password, which basic auth accepts where a plugin such as
+// Basic-Auth calls wp_authenticate, is compared by WordPress as typed
+// (trimmed only): "correct horse battery staple" proven must not prove
+// "correcthorsebatterystaple", which WordPress refuses.
+func TestARegularPasswordWithSpacesDoesNotProveItsSpellingWithout(t *testing.T) {
+	proven := provenSpelling(basicRequest(basicOf("admin", "correct horse battery staple")))
+	if provenSpelling(basicRequest(basicOf("admin", "correcthorsebatterystaple"))) == proven {
+		t.Error("a password WordPress refuses shares the proof of a different, accepted one")
+	}
 }

@@ -86,8 +86,7 @@ func (h *Handler) awaitProof(r *http.Request, info *requestInfo) (unproven seria
 }
 
 // provenSpelling is what a proof is kept under: the credentials as
-// WordPress compares them (the user in any case, the password without
-// the spaces WordPress ignores in an Application Password), so that one
+// WordPress compares them (wordpressLogin, wordpressPassword), so that one
 // password written in endless spellings is proven once rather than
 // pushing other users' proofs out.
 func provenSpelling(r *http.Request) string {
@@ -95,7 +94,7 @@ func provenSpelling(r *http.Request) string {
 	if !ok {
 		return r.Header.Get("Authorization")
 	}
-	return "proof " + strings.ToLower(user) + ":" + strings.ReplaceAll(password, " ", "")
+	return "proof " + wordpressLogin(user) + ":" + wordpressPassword(password)
 }
 
 // answered records, with key basic_user, that the MCP server accepted the
