@@ -251,3 +251,32 @@ func TestRedisRunningMarkKeepsAShortClaimAlive(t *testing.T) {
 		t.Fatalf("a shorter mark shortened the record's life to %v", ttl)
 	}
 }
+
+// A takeover from an owner whose lease stands on Redis' clock is refused,
+// whatever the instance asking saw in its last listing: the owner may
+// have renewed since (it was paused, and woke). Once the lease is gone,
+// the takeover goes through.
+func TestRedisTakeOverFromAnOwnerWhoseLeaseStandsIsRefused(t *testing.T) {
+	addr := redistest.Start(t)
+	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
+	ctx := context.Background()
+	const a, b = "aaaaaaaaaaaaaaaa 10.0.0.1:8080", "bbbbbbbbbbbbbbbb 10.0.0.2:8080"
+	if _, err := eng.ClaimOwner(ctx, "s", a, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := eng.RenewLease(ctx, "aaaaaaaaaaaaaaaa", "10.0.0.1:8080", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if owner, found, err := eng.TakeOver(ctx, "s", a, b); err != nil || !found || owner != a {
+		t.Fatalf("TakeOver from an owner whose lease stands = %q, %v, %v; want refused, %q", owner, found, err, a)
+	}
+	if owner, _, err := eng.TakeOver(ctx, "s", a, a); err != nil || owner != a {
+		t.Fatalf("the owner's own read-and-keep = %q, %v", owner, err)
+	}
+	if err := eng.DropLease(ctx, "aaaaaaaaaaaaaaaa", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if owner, _, err := eng.TakeOver(ctx, "s", a, b); err != nil || owner != b {
+		t.Fatalf("TakeOver once the owner's lease is gone = %q, %v; want %q", owner, err, b)
+	}
+}

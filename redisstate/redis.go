@@ -326,9 +326,22 @@ return 1
 // takeOverScript makes ARGV[2] the owner of the record KEYS[1] if
 // ARGV[1] still is, or none is, and returns the owner then recorded; nil
 // without a record. Run again after a lost answer, it returns the same.
+// An owner whose lease in KEYS[2] (the members) stands on Redis' clock
+// keeps the record whatever the instance asking believes: it may have
+// renewed since that instance last listed the leases.
 var takeOverScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner and owner ~= '' and owner == ARGV[1] and ARGV[1] ~= ARGV[2] then
+  local id = string.match(owner, '^(%S+) ')
+  local lease = id and redis.call('HGET', KEYS[2], id)
+  if lease then
+    local exp = tonumber(string.match(lease, '^(%d+) '))
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if exp and exp > now then return owner end
+  end
+end
 if owner == false or owner == '' or owner == ARGV[1] then
   redis.call('HSET', KEYS[1], 'owner', ARGV[2])
   return ARGV[2]
@@ -362,7 +375,7 @@ func (r *Engine) ClaimOwner(ctx context.Context, key, me string, ttl time.Durati
 // TakeOver records to as the record's owner if from still is
 // (stateengine.Abilities.TakeOver).
 func (r *Engine) TakeOver(ctx context.Context, key, from, to string) (string, bool, error) {
-	owner, err := takeOverScript.Run(ctx, r.client, []string{r.KeyPrefix + key}, from, to).Text()
+	owner, err := takeOverScript.Run(ctx, r.client, []string{r.KeyPrefix + key, r.KeyPrefix + membersKey}, from, to).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", false, nil
 	}
