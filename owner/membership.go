@@ -319,7 +319,10 @@ func (m *Membership) Current(ctx context.Context) (epoch uint64, lapsedAt time.T
 	defer cancel()
 	for {
 		m.mu.Lock()
-		epoch, lapsedAt, sure = m.epoch, m.lapsedAt, !m.unsure
+		// Still stale: the renewal waited for ended with ctx, not with
+		// an answer.
+		stale := m.held && m.now().Sub(m.attempt) >= m.stale
+		epoch, lapsedAt, sure = m.epoch, m.lapsedAt, !m.unsure && !stale
 		m.mu.Unlock()
 		if sure {
 			return epoch, lapsedAt, true
