@@ -861,16 +861,9 @@ func (l *lossyLeases) Renew(ctx context.Context, id, addr string, life time.Dura
 // epoch that it lapsed (the next renewal finds it standing).
 func TestAResumedOwnerWhoseRenewalAnswerWasLostStillConfirmsBeforeServing(t *testing.T) {
 	ctx := context.Background()
-	s, ml := newMemStore(), newMemLeases(&clock{})
+	ml := newMemLeases(&clock{})
 	ll := &lossyLeases{memLeases: ml}
-	am := NewMembership(ownerA.ID, func() Leases { return ll }, ml.c.now)
-	am.SetAddr(ownerA.Addr)
-	a := NewDirectory(am, 100, time.Hour, ml.c.now)
-	b := leasedDir(ownerB, ml)
-	a.Created("s1", ownerA.Addr)
-	s.owners["s1"] = ownerA.String()
-	a.Members().Renew(ctx)
-	b.Members().Renew(ctx)
+	s, a, b := ownersOfS1(ll, ml)
 	// A is frozen; B takes s1 over.
 	lapse(ml, ownerA, b)
 	if o, forward, _ := b.Route(ctx, s, "s1", "", ownerB.Addr); forward || o != ownerB {
@@ -955,16 +948,9 @@ func (l *stuckLeases) Renew(ctx context.Context, id, addr string, life time.Dura
 // answered in time says whether it lapsed meanwhile.
 func TestARenewalAnsweredALeasesLifeLateDoesNotMakeTheOwnerSure(t *testing.T) {
 	ctx := context.Background()
-	s, ml := newMemStore(), newMemLeases(&clock{})
+	ml := newMemLeases(&clock{})
 	sl := &stuckLeases{memLeases: ml}
-	am := NewMembership(ownerA.ID, func() Leases { return sl }, ml.c.now)
-	am.SetAddr(ownerA.Addr)
-	a := NewDirectory(am, 100, time.Hour, ml.c.now)
-	b := leasedDir(ownerB, ml)
-	a.Created("s1", ownerA.Addr)
-	s.owners["s1"] = ownerA.String()
-	a.Members().Renew(ctx)
-	b.Members().Renew(ctx)
+	s, a, b := ownersOfS1(sl, ml)
 	sl.during = func() {
 		// A is frozen with the answer on its way; B takes s1 over.
 		lapse(ml, ownerA, b)
@@ -1557,4 +1543,19 @@ func tookOverWhileMarked(t *testing.T) (*runningStore, *Directory) {
 		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
 	}
 	return store, b
+}
+
+// ownersOfS1 is A, keeping its lease in l (over ml's engine), owning s1,
+// and B on ml, both renewed.
+func ownersOfS1(l Leases, ml *memLeases) (*memStore, *Directory, *Directory) {
+	s := newMemStore()
+	am := NewMembership(ownerA.ID, func() Leases { return l }, ml.c.now)
+	am.SetAddr(ownerA.Addr)
+	a := NewDirectory(am, 100, time.Hour, ml.c.now)
+	b := leasedDir(ownerB, ml)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	a.Members().Renew(bg)
+	b.Members().Renew(bg)
+	return s, a, b
 }
