@@ -543,8 +543,8 @@ func TestClusterRoundRobinSessionsCreatedDuringARedisOutageRunNoCallsAtOnce(t *t
 // round-robin front: calls in flight during the freeze may fail, and none
 // of a session's may run at once.
 //
-// On a machine loaded to its limit (the whole suite with -race beside two
-// busy loops) one session's calls still ran at once in 4 to 5 of 6 runs,
+// On a machine loaded to its limit (a package's tests with -race beside
+// two busy loops) a session's calls still ran at once in 1 of 13 runs,
 // with a cause not yet found (docs/guarantees.md says so); it passed 6 of
 // 6 beside two busy loops alone. It runs when MCP_SERIALIZER_KNOWN_GAPS is
 // set, so that `make test` stays a verdict on what is promised.
