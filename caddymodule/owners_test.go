@@ -808,14 +808,14 @@ func (h *hopRelay) cut() {
 	}
 }
 
-// A partition between instances (the hop to the owner cut, while the
-// front and Redis still reach it) costs requests on the far side a 503
-// after queue_timeout: the owner's lease stands, so its session is never
-// taken over and never served beside it; on the owner's side it goes on.
-func TestAPartitionBetweenInstancesCosts503sNeverTwoServers(t *testing.T) {
+// startOwnerBehindRelay starts two owner instances (settings for both),
+// a advertising a relay the test can cut, and a session created on a
+// whose request through b has reached a over the relay once.
+func startOwnerBehindRelay(t *testing.T, settings ...string) (*upstream, *ownerInstances, *hopRelay, string) {
+	t.Helper()
 	var minted atomic.Int64
 	up, addr := newUpstream(t, echoingAnswer(func() string { return fmt.Sprintf("up-%d", minted.Add(1)) }))
-	in := startOwnerInstances(t, addr, "queue_timeout 2s")
+	in := startOwnerInstances(t, addr, settings...)
 	relay := startHopRelay(t, strings.TrimPrefix(in.a, "http://"))
 	full := in.caddyfile("")
 	start := strings.Index(full, in.a+" {")
@@ -826,8 +826,18 @@ func TestAPartitionBetweenInstancesCosts503sNeverTwoServers(t *testing.T) {
 	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
 	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
 	if a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("2", "tools/list")); a.status != http.StatusOK {
-		t.Fatalf("through the hop before the partition: %d %s", a.status, a.body)
+		t.Fatalf("through the hop before it was cut: %d %s", a.status, a.body)
 	}
+	return up, in, relay, cid
+}
+
+// A partition between instances (the hop to the owner cut, while the
+// front and Redis still reach it) costs requests on the far side a 503
+// after queue_timeout: the owner's lease stands, so its session is never
+// taken over and never served beside it; on the owner's side it goes on.
+func TestAPartitionBetweenInstancesCosts503sNeverTwoServers(t *testing.T) {
+	up, in, relay, cid := startOwnerBehindRelay(t, "queue_timeout 2s")
+	ctx := context.Background()
 	relay.cut()
 	before := len(up.requests())
 	a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("3", "tools/call"))
@@ -855,22 +865,9 @@ func TestAPartitionBetweenInstancesCosts503sNeverTwoServers(t *testing.T) {
 // one fails it at once, and the request is answered 503 at queue_timeout:
 // TestAPartitionBetweenInstancesCosts503sNeverTwoServers.)
 func TestABlackHoledHopToALiveOwnerHoldsTheRequestUntilItsClientLeaves(t *testing.T) {
-	var minted atomic.Int64
-	up, addr := newUpstream(t, echoingAnswer(func() string { return fmt.Sprintf("up-%d", minted.Add(1)) }))
 	const queueTimeout = 2 * time.Second
-	in := startOwnerInstances(t, addr, "queue_timeout "+queueTimeout.String())
-	relay := startHopRelay(t, strings.TrimPrefix(in.a, "http://"))
-	full := in.caddyfile("")
-	start := strings.Index(full, in.a+" {")
-	site := strings.Replace(full[start:], "\t\torder owner\n", "\t\torder owner\n\t\tadvertise "+relay.ln.Addr().String()+"\n", 1)
-	loadThroughAdmin(t, in.admin, full[:start]+site)
-
+	up, in, relay, cid := startOwnerBehindRelay(t, "queue_timeout "+queueTimeout.String())
 	ctx := context.Background()
-	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
-	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
-	if a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("2", "tools/list")); a.status != http.StatusOK {
-		t.Fatalf("through the hop before it went silent: %d %s", a.status, a.body)
-	}
 	relay.hold()
 	before := len(up.requests())
 	const waited = queueTimeout + 3*time.Second
