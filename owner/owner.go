@@ -288,8 +288,7 @@ func (d *Directory) routeKeyTo(ctx context.Context, s Store, id string, o Owner,
 		d.mu.Lock()
 		if k, ok := d.known[id]; ok && !k.key {
 			k.key, k.trial = true, true
-			d.known[id] = k
-			d.trials = append(d.trials, id)
+			d.put(id, k)
 		}
 		d.mu.Unlock()
 	}
