@@ -67,8 +67,7 @@ const keyBasicUser = "basic_user"
 // equal it: it holds a space.
 func (h *Handler) keyOf(r *http.Request) string {
 	if h.Key == keyBasicUser {
-		// Caddy's php_fastcgi joins repeated headers this way.
-		user, ok := basicUser(strings.Join(r.Header.Values("Authorization"), ", "))
+		user, ok := basicUser(phpAuthorization(r))
 		if !ok {
 			return ""
 		}
@@ -98,6 +97,12 @@ func (h *Handler) hashKey(value string) string {
 	mac := hmac.New(sha256.New, h.keySecret)
 	mac.Write([]byte(value))
 	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// phpAuthorization is the Authorization header as PHP gets it: Caddy's
+// php_fastcgi joins repeated headers with ", ".
+func phpAuthorization(r *http.Request) string {
+	return strings.Join(r.Header.Values("Authorization"), ", ")
 }
 
 // basicUser is the user name PHP gives a script (PHP_AUTH_USER, which

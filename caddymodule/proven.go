@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"context"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -90,7 +89,7 @@ func (h *Handler) awaitProof(r *http.Request, info *requestInfo) (unproven seria
 // password written in endless spellings is proven once rather than
 // pushing other users' proofs out.
 func provenSpelling(r *http.Request) string {
-	user, password, ok := basicCredentials(strings.Join(r.Header.Values("Authorization"), ", "))
+	user, password, ok := basicCredentials(phpAuthorization(r))
 	if !ok {
 		return r.Header.Get("Authorization")
 	}
