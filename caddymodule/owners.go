@@ -431,12 +431,8 @@ func (h *Handler) leaseChecked(up *http.Request, info *requestInfo) *http.Reques
 	if h.owners == nil || up.Body == nil || up.Body == http.NoBody {
 		return up
 	}
-	owned, _ := info.owned()
-	ctx := up.Context()
-	checked := up.WithContext(ctx)
-	checked.Body = &leaseCheckedBody{ReadCloser: up.Body, confirm: func() bool {
-		return h.owners.Confirm(ctx, h.ownerStore, owned)
-	}}
+	checked := up.WithContext(up.Context())
+	checked.Body = &leaseCheckedBody{ReadCloser: up.Body, confirm: func() bool { return h.stillOwner(up, info) }}
 	return checked
 }
 
