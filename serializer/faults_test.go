@@ -15,7 +15,7 @@ func TestSynthesizedInitializedIsSkippedOnceTheClientsWasAcknowledged(t *testing
 	clients := mustGet(t, acquireAsync(t, tab, bg, "s", CarriesInitialized))
 	synthesized := make(chan result, 1)
 	go func() {
-		turn, err := tab.AcquireSynthesized(bg, "s", "")
+		turn, err := tab.AcquireSynthesized(bg, "s", Line{})
 		synthesized <- result{turn, err}
 	}()
 	eventually(t, func() bool { return waitingCount(tab, "s") == 1 })
@@ -36,7 +36,7 @@ func TestSynthesizedInitializedGoesWhileTheGateIsClosed(t *testing.T) {
 	initialize, _ := tab.Begin("s", nil)
 	initialize.Done(200)
 	held := acquireAsync(t, tab, bg, "s", 0)
-	turn, err := tab.AcquireSynthesized(bg, "s", "")
+	turn, err := tab.AcquireSynthesized(bg, "s", Line{})
 	if err != nil {
 		t.Fatalf("synthesized initialized at a closed gate: %v", err)
 	}

@@ -642,7 +642,7 @@ func inLineAsync(t *testing.T, tab *Table, id, line string, traits Traits) <-cha
 	before := waitingCount(tab, id) + waitingCount(tab, line)
 	ch := make(chan result, 1)
 	go func() {
-		turn, err := tab.AcquireInLine(bg, id, line, traits, nil)
+		turn, err := tab.AcquireInLine(bg, id, Line{Key: line}, traits, nil)
 		ch <- result{turn, err}
 	}()
 	eventually(t, func() bool { return waitingCount(tab, id)+waitingCount(tab, line) > before || len(ch) > 0 })
@@ -864,7 +864,7 @@ func TestAnOvertakerLeavingAtItsGrantFreesTheLineItWasLeft(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	o2 := make(chan result, 1)
 	go func() {
-		turn, err := tab.AcquireInLine(ctx, "a", "key user", RepliesOnly, nil)
+		turn, err := tab.AcquireInLine(ctx, "a", Line{Key: "key user"}, RepliesOnly, nil)
 		o2 <- result{turn, err}
 	}()
 	eventually(t, func() bool { return waitingCount(tab, "a") == 1 }) // behind o1
@@ -881,4 +881,89 @@ func TestAnOvertakerLeavingAtItsGrantFreesTheLineItWasLeft(t *testing.T) {
 		t.Fatalf("session b of the same key: %v", r.err)
 	}
 	r.turn.Done(200)
+}
+
+// admitAsync starts an AcquireInLine whose admission is decided by admit.
+func admitAsync(tab *Table, id, line string, traits Traits, admit func(context.Context) (bool, error)) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		turn, err := tab.AcquireInLine(bg, id, Line{Key: line, Admit: admit}, traits, nil)
+		ch <- result{turn, err}
+	}()
+	return ch
+}
+
+// A line's admission is asked only once the request holds its session's
+// turn, so the session's later requests wait behind it, in arrival order,
+// however long it takes.
+func TestALinesAdmissionIsAskedOnceTheSessionsTurnIsHeld(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	first := mustGet(t, inLineAsync(t, tab, "a", "", 0))
+	asked := make(chan struct{})
+	decide := make(chan bool)
+	admit := func(context.Context) (bool, error) { close(asked); return <-decide, nil }
+	second := admitAsync(tab, "a", "key user", 0, admit)
+	eventually(t, func() bool { return waitingCount(tab, "a") == 1 })
+	select {
+	case <-asked:
+		t.Fatal("admission was asked while the session's earlier request held its turn")
+	default:
+	}
+	first.turn.Done(200)
+	<-asked
+	third := inLineAsync(t, tab, "a", "key user", 0)
+	decide <- true
+	mustGet(t, second).turn.Done(200)
+	mustGet(t, third).turn.Done(200)
+}
+
+// A request refused admission goes on in its session's turn without
+// waiting in the line, which another session holds.
+func TestARequestRefusedAdmissionGoesWithoutTheLine(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	holder := mustGet(t, inLineAsync(t, tab, "a", "key user", 0))
+	refused := mustGet(t, admitAsync(tab, "b", "key user", 0, func(context.Context) (bool, error) { return false, nil }))
+	if refused.err != nil {
+		t.Fatal(refused.err)
+	}
+	// The line is still the holder's alone: a third session waits in it.
+	admitted := inLineAsync(t, tab, "c", "key user", 0)
+	mustWait(t, admitted)
+	refused.turn.Done(200)
+	mustWait(t, admitted)
+	holder.turn.Done(200)
+	mustGet(t, admitted).turn.Done(200)
+}
+
+// An admission that fails gives the session's turn back to its next
+// request; one that outlasts QueueTimeout is a queue timeout.
+func TestAFailedAdmissionGivesTheSessionsTurnBack(t *testing.T) {
+	tab, _ := newTestTable(t, func(c *Config) { c.QueueTimeout = 50 * time.Millisecond })
+	failed := errors.New("undecided")
+	r := mustGet(t, admitAsync(tab, "a", "key user", 0, func(context.Context) (bool, error) { return false, failed }))
+	if !errors.Is(r.err, failed) {
+		t.Fatalf("err = %v, want the admission's", r.err)
+	}
+	r = mustGet(t, admitAsync(tab, "a", "key user", 0, func(ctx context.Context) (bool, error) { <-ctx.Done(); return false, ctx.Err() }))
+	if !errors.Is(r.err, ErrQueueTimeout) {
+		t.Fatalf("err = %v, want ErrQueueTimeout", r.err)
+	}
+	mustGet(t, inLineAsync(t, tab, "a", "key user", 0)).turn.Done(200)
+}
+
+// A reply that overtakes its session's stream is never asked to be
+// admitted: it waits neither for a proof nor in the line.
+func TestAnOvertakingReplyIsNotAskedForAdmission(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	stream := mustGet(t, inLineAsync(t, tab, "a", "key user", 0))
+	stream.turn.Streaming()
+	reply := mustGet(t, admitAsync(tab, "a", "key user", RepliesOnly, func(context.Context) (bool, error) {
+		t.Error("a reply was asked for admission")
+		return false, nil
+	}))
+	if reply.err != nil || !reply.turn.Overtook() {
+		t.Fatalf("the reply did not overtake: %v", reply.err)
+	}
+	reply.turn.Done(202)
+	stream.turn.Done(200)
 }

@@ -3,6 +3,7 @@ package serializer
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -122,33 +123,43 @@ func (t *Table) Acquire(ctx context.Context, id string, traits Traits) (Turn, er
 // StoreTimeout) leaves it queue only. A session known here never costs a
 // Store call per request.
 func (t *Table) AcquireFrom(ctx context.Context, id string, traits Traits, src SynthSource) (Turn, error) {
-	return t.AcquireInLine(ctx, id, "", traits, src)
+	return t.AcquireInLine(ctx, id, Line{}, traits, src)
 }
 
-// AcquireInLine is AcquireFrom for a request that also waits in line, the
-// queue of a key (AcquireKeyed) that requests of several sessions share,
-// so that they go upstream one at a time: a backend may keep all of a
-// user's sessions in one record. The request joins the line once its
-// session's turn has come, so each session keeps its own order and gate,
-// and no request waits in the line for a gate. One that overtakes in its
-// session (a reply its stream waits for) does not wait in the line
-// either. QueueTimeout bounds the two waits together. line "" is
-// AcquireFrom.
-func (t *Table) AcquireInLine(ctx context.Context, id, line string, traits Traits, src SynthSource) (Turn, error) {
+// A Line is the queue of a key (AcquireKeyed) that requests of several
+// sessions share, so that they go upstream one at a time: a backend may
+// keep all of a user's sessions in one record.
+type Line struct {
+	Key string // "" for none
+	// Admit, if set, decides whether the request joins the line at all,
+	// once its session's turn has come: a credential the backend
+	// refused joins no line, so that nobody holds a user's line with a
+	// name alone. Its wait counts against QueueTimeout through ctx's
+	// deadline, but not in the turn's Waited.
+	Admit func(ctx context.Context) (bool, error)
+}
+
+// AcquireInLine is AcquireFrom for a request that also waits in line. The
+// request joins the line once its session's turn has come, so each
+// session keeps its own order and gate, and no request waits in the line
+// for a gate. One that overtakes in its session (a reply its stream waits
+// for) neither waits in the line nor is admitted. QueueTimeout bounds the
+// waits together. An empty line is AcquireFrom.
+func (t *Table) AcquireInLine(ctx context.Context, id string, line Line, traits Traits, src SynthSource) (Turn, error) {
 	return t.takeTurn(ctx, t.ref(id, true), line, traits, src)
 }
 
 // takeTurn waits for a request's turn in s, which it holds a reference to,
-// then in line unless it is "". The references are dropped unless a turn
-// is returned.
-func (t *Table) takeTurn(ctx context.Context, s *Session, line string, traits Traits, src SynthSource) (Turn, error) {
+// then in line unless it has none. The references are dropped unless a
+// turn is returned.
+func (t *Table) takeTurn(ctx context.Context, s *Session, line Line, traits Traits, src SynthSource) (Turn, error) {
 	cfg := t.config()
 	turn, err := s.enter(ctx, traits, src, cfg.QueueTimeout)
 	if err != nil {
 		s.unref()
 		return turn, err
 	}
-	if line != "" && !turn.overtake {
+	if line.Key != "" && !turn.overtake {
 		if turn, err = t.joinLine(ctx, turn, line, cfg.QueueTimeout); err != nil {
 			return turn, err
 		}
@@ -158,10 +169,29 @@ func (t *Table) takeTurn(ctx context.Context, s *Session, line string, traits Tr
 }
 
 // joinLine waits in line for what is left of wait once turn's request has
-// waited in its session. On error the session's turn is given back.
-func (t *Table) joinLine(ctx context.Context, turn Turn, line string, wait time.Duration) (Turn, error) {
-	l := t.refKey(line)
-	inLine, err := l.enter(ctx, 0, nil, wait-turn.waited)
+// waited in its session and been admitted. On error the session's turn is
+// given back.
+func (t *Table) joinLine(ctx context.Context, turn Turn, line Line, wait time.Duration) (Turn, error) {
+	wait -= turn.waited
+	if line.Admit != nil {
+		start := t.clock.Now()
+		admitCtx, cancel := context.WithTimeout(ctx, wait)
+		admitted, err := line.Admit(admitCtx)
+		cancel()
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				err = ErrQueueTimeout
+			}
+			turn.giveBack()
+			return Turn{waited: turn.waited, held: turn.held}, err
+		}
+		if !admitted {
+			return turn, nil
+		}
+		wait -= t.clock.Now().Sub(start)
+	}
+	l := t.refKey(line.Key)
+	inLine, err := l.enter(ctx, 0, nil, wait)
 	turn.waited += inLine.waited
 	if err != nil {
 		l.unref()
@@ -180,7 +210,7 @@ func (t *Table) joinLine(ctx context.Context, turn Turn, line string, wait time.
 // MaxSessions, with sessions: the caller keeps the two apart (no session
 // id can equal a key it makes).
 func (t *Table) AcquireKeyed(ctx context.Context, key string, traits Traits) (Turn, error) {
-	return t.takeTurn(ctx, t.refKey(key), "", traits, nil)
+	return t.takeTurn(ctx, t.refKey(key), Line{}, traits, nil)
 }
 
 // AcquireSynthesized waits for the turn of a notifications/initialized
@@ -188,7 +218,7 @@ func (t *Table) AcquireKeyed(ctx context.Context, key string, traits Traits) (Tu
 // with CarriesInitialized does. If the gate opened while it waited (the
 // client's own initialized was acknowledged), sending it again is not
 // needed: the turn is given back and ErrAlreadyInitialized returned.
-func (t *Table) AcquireSynthesized(ctx context.Context, id, line string) (Turn, error) {
+func (t *Table) AcquireSynthesized(ctx context.Context, id string, line Line) (Turn, error) {
 	turn, err := t.AcquireInLine(ctx, id, line, CarriesInitialized, nil)
 	if err != nil {
 		return turn, err
