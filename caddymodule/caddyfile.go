@@ -79,6 +79,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Key = val
 		case "key_secret":
 			h.KeySecret = val
+		case "key_proof":
+			h.KeyProof = val
 		case "advertise":
 			h.Advertise = val
 		default:

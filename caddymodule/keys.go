@@ -38,6 +38,16 @@ var processKeySecret = sync.OnceValue(func() []byte {
 // and get a secret only from key_secret: without one, they hash plainly,
 // which a WARN says.
 func (h *Handler) provisionKey() error {
+	if h.Key == keyBasicUser {
+		proof := h.KeyProof
+		if proof == "" {
+			proof = defaultKeyProof
+		}
+		var err error
+		if h.keyProof, err = parseKeyProof(proof); err != nil {
+			return err
+		}
+	}
 	switch {
 	case h.Key == "":
 	case h.KeySecret != "":

@@ -30,6 +30,8 @@ var metrics = struct {
 	forwards    *prometheus.CounterVec
 	forwardTime prometheus.Histogram
 	takeovers   prometheus.CounterFunc
+	proofs      *prometheus.CounterVec
+	proofWait   prometheus.Histogram
 }{}
 
 func init() {
@@ -84,6 +86,15 @@ func init() {
 		Namespace: ns, Subsystem: sub, Name: "takeovers_total",
 		Help: "Sessions this instance took over from an owner that did not answer (order owner).",
 	}, takenOver)
+	metrics.proofs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "proofs_total",
+		Help: "Credentials proven at key_proof (key basic_user), by verdict: accepted (2xx: they join their user's line), refused (401 or 403: they join none), undecided (any other answer, or none), full (max_queue of the user's proofs already waited), timeout (the user's earlier proofs took queue_timeout).",
+	}, []string{"verdict"})
+	metrics.proofWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "proof_wait_seconds",
+		Help:    "Time a request waited for its credential's proof (key basic_user), not counted in queue_wait_seconds.",
+		Buckets: []float64{0.001, 0.005, 0.025, 0.1, 0.5, 1, 2.5, 10, 30},
+	})
 }
 
 func registerMetrics(registry *prometheus.Registry) {
@@ -93,7 +104,7 @@ func registerMetrics(registry *prometheus.Registry) {
 	for _, c := range []prometheus.Collector{
 		metrics.sessions, metrics.queueWait, metrics.gateHolds, metrics.gateTimeout,
 		metrics.rejections, metrics.bypasses, metrics.evictions, metrics.stateErrors,
-		metrics.forwards, metrics.forwardTime, metrics.takeovers,
+		metrics.forwards, metrics.forwardTime, metrics.takeovers, metrics.proofs, metrics.proofWait,
 	} {
 		if err := registry.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -108,10 +109,17 @@ type Handler struct {
 	// {env.MCP_SERIALIZER_KEY_SECRET} are read at load. Default: a secret
 	// of this process's own, or with shared state none (a plain hash).
 	KeySecret string `json:"key_secret,omitempty"`
+	// With key basic_user: the route of the MCP server's site that proves
+	// a credential before its requests join their user's line, answering
+	// 2xx to a right one and 401 or 403 to a wrong one; it gets a GET with
+	// the request's Authorization header and no cookie. Default:
+	// /wp-json/wp/v2/users/me (WordPress).
+	KeyProof string `json:"key_proof,omitempty"`
 
-	keySecret []byte           // what key values are hashed with; nil: a plain hash
-	proven    *provenPasswords // with key basic_user: the credentials the MCP server accepted
-	budget    *bodyBudget      // max_buffered and what is held of it
+	keySecret []byte      // what key values are hashed with; nil: a plain hash
+	keyProof  *url.URL    // key_proof, read
+	proofs    *proofs     // with key basic_user: the credentials the MCP server accepted or refused
+	budget    *bodyBudget // max_buffered and what is held of it
 	// With order owner: who owns which session, the engine that records
 	// it, and the proxy to the owners; nil otherwise.
 	owners     *owner.Directory
@@ -211,13 +219,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		owners := owner.NewDirectory(members, cfg.MaxSessions, cfg.SessionTTL, nil)
 		tableCfg := cfg
 		tableCfg.Clock = newTableClock()
-		return pooledTable{serializer.NewTable(tableCfg), applied, owners, newProvenPasswords(cfg.MaxSessions), new(atomic.Int32)}, nil
+		return pooledTable{serializer.NewTable(tableCfg), applied, owners, newProofs(cfg.MaxSessions), new(atomic.Int32)}, nil
 	})
 	if err != nil {
 		return err
 	}
 	pooled := val.(pooledTable)
-	h.table, h.applied, h.proven, h.ownerConfigs = pooled.Table, pooled.applied, pooled.proven, pooled.ownerConfigs
+	h.table, h.applied, h.proofs, h.ownerConfigs = pooled.Table, pooled.applied, pooled.proofs, pooled.ownerConfigs
 	h.applied.provisioned(h.generation, cfg)
 	if h.Order == orderOwner {
 		h.owners = pooled.owners
@@ -438,6 +446,9 @@ func (h *Handler) Validate() error {
 	if h.KeySecret != "" && h.Key == "" {
 		return fmt.Errorf("key_secret is for key only, which is not set")
 	}
+	if h.KeyProof != "" && h.Key != keyBasicUser {
+		return fmt.Errorf("key_proof is for key basic_user only")
+	}
 	if h.Advertise != "" && h.Order != orderOwner {
 		return fmt.Errorf("advertise is for order owner only (order is %s)", h.Order)
 	}
@@ -514,7 +525,7 @@ type pooledTable struct {
 	*serializer.Table
 	applied *appliedSettings
 	owners  *owner.Directory // this instance's, for order owner
-	proven  *provenPasswords // for key basic_user
+	proofs  *proofs          // for key basic_user
 	// ownerConfigs counts the provisioned configs that use owners.
 	ownerConfigs *atomic.Int32
 }

@@ -124,7 +124,8 @@ func (h *Handler) sessionlessExchange(w http.ResponseWriter, r *http.Request, ne
 // serveKeyed runs a session-less POST in its key's queue (the key
 // setting), as a session's POST runs in the session's. An initialize
 // holds the queue until its answer has ended, and may start a session
-// whose requests wait in the same queue.
+// whose requests wait in the same queue. With key basic_user, a request
+// whose credential the MCP server refuses goes on in no queue.
 func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string) error {
 	body, err := h.readBody(r)
 	defer h.budget.release(body.held)
@@ -134,12 +135,27 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 	}
 	info := newRequestInfo(r, key)
 	info.keyed, info.method, info.unread = true, body.method, body.unread(r)
-	if body.method.Is("initialize") {
-		return h.serveKeyedInitialize(w, r, next, info, body)
+	initialize := body.method.Is("initialize")
+	if !initialize {
+		info.publish(r)
 	}
-	info.publish(r)
 	if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
 		return err
+	}
+	if admit := h.admission(r, next, key).Admit; admit != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), h.settings.QueueTimeout)
+		admitted, err := admit(ctx)
+		cancel()
+		if err != nil {
+			publishNoSession(r)
+			return h.rejectWait(w, r, info, err, body.id)
+		}
+		if !admitted {
+			return h.serveSessionless(w, r, next)
+		}
+	}
+	if initialize {
+		return h.serveKeyedInitialize(w, r, next, info, body)
 	}
 	return h.serveInTurn(w, r, next, info, body.traits, body.id, body.raw)
 }
@@ -149,15 +165,6 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 // with the key's other requests, since the backend may record every
 // session of a credential in one place.
 func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo, body classifiedBody) error {
-	if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
-		return err
-	}
-	unproven, password, err := h.awaitProof(r, info)
-	if err != nil {
-		publishNoSession(r)
-		return h.rejectWait(w, r, info, err, body.id)
-	}
-	defer unproven.Done(0)
 	turn, err := h.table.AcquireKeyed(r.Context(), info.sessionID, body.traits)
 	if err != nil {
 		publishNoSession(r)
@@ -176,7 +183,6 @@ func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, n
 	}
 	defer ended()
 	status, err := h.sessionlessExchange(w, h.leaseChecked(r, info), next)
-	h.answered(password, status)
 	h.keyAnswered(r, info, status)
 	return err
 }
@@ -214,16 +220,12 @@ func (h *Handler) beginSession(status int, header http.Header, r *http.Request, 
 func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo, traits serializer.Traits, reqID, raw []byte) error {
 	// Made before the turn: the table may ask it for a synthesizer.
 	ew := &exchangeWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r}
-	unproven, password, err := h.awaitProof(r, info)
-	if err != nil {
-		return h.rejectWait(w, r, info, err, reqID)
-	}
-	defer unproven.Done(0)
 	var turn serializer.Turn
+	var err error
 	if info.keyed {
 		turn, err = h.table.AcquireKeyed(r.Context(), info.sessionID, traits)
 	} else {
-		turn, err = h.acquire(r, info.sessionID, info.line, traits, ew)
+		turn, err = h.acquire(r, info.sessionID, h.admission(r, next, info.line), traits, ew)
 	}
 	info.waited, info.held = turn.Waited(), turn.Held()
 	if err != nil {
@@ -253,7 +255,6 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	err = next.ServeHTTP(ew, h.leaseChecked(upstreamRequest(r, info), info))
 	ew.settleStatus(err)
-	h.answered(password, ew.status)
 	h.keyAnswered(r, info, ew.status)
 	return err
 }
@@ -560,6 +561,17 @@ func (h *Handler) rejectWait(w http.ResponseWriter, r *http.Request, info *reque
 		w.Header().Set("Retry-After", "1")
 		return h.reject(w, r, "session_dropped", http.StatusServiceUnavailable, codeServerError,
 			"this MCP session was dropped on Caddy's admin endpoint while the request waited; retry it", reqID)
+	case errors.Is(err, errProofFull):
+		return h.reject(w, r, "proof_full", http.StatusTooManyRequests, codeServerError,
+			"too many credentials of this user are waiting for their proof (max_queue); retry shortly", reqID)
+	case errors.Is(err, errProofTimeout):
+		w.Header().Set("Retry-After", "1")
+		return h.reject(w, r, "proof_timeout", http.StatusServiceUnavailable, codeServerError,
+			"timed out waiting for the MCP server to prove this request's credentials (queue_timeout)", reqID)
+	case errors.Is(err, errProofUndecided):
+		w.Header().Set("Retry-After", "1")
+		return h.reject(w, r, "proof_undecided", http.StatusServiceUnavailable, codeServerError,
+			"the MCP server neither accepted nor refused this request's credentials at key_proof; retry", reqID)
 	case errors.Is(err, serializer.ErrNotInitialized):
 		return h.reject(w, r, "not_initialized", http.StatusBadRequest, codeInvalidRequest,
 			"Client session not initialized: notifications/initialized was not acknowledged within init_timeout", reqID)

@@ -101,12 +101,12 @@ func (h *Handler) synthesizer(r *http.Request, id string) func(context.Context) 
 }
 
 // acquire waits for a request's turn in its session, then in line, its
-// key's queue, unless line is "" (AcquireInLine). The notification
+// key's queue, unless it has none (AcquireInLine). The notification
 // the synthesize action sends is not needed once the client's own has
 // been acknowledged, which may happen while it waits for its turn: it
 // is then not forwarded, and the error (serializer.ErrAlreadyInitialized)
 // goes back up the route to its sender.
-func (h *Handler) acquire(r *http.Request, id, line string, traits serializer.Traits, src serializer.SynthSource) (serializer.Turn, error) {
+func (h *Handler) acquire(r *http.Request, id string, line serializer.Line, traits serializer.Traits, src serializer.SynthSource) (serializer.Turn, error) {
 	if traits.Has(serializer.CarriesInitialized) && r.Context().Value(synthesizedKey{}) != nil {
 		return h.table.AcquireSynthesized(r.Context(), id, line)
 	}

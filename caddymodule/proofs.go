@@ -1,0 +1,309 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/warnlimit"
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
+)
+
+// With key basic_user anyone can name a user in Basic credentials, and
+// user names are public; only the MCP server can tell a right password.
+// So a credential joins its user's line only once the server has accepted
+// it in a request of the module's own: a GET of key_proof that carries
+// the Authorization header and nothing the client could authenticate
+// with otherwise (no cookie, no body), sent once per credential at a
+// time and one at a time per user. The verdict is kept by keyed hash. A
+// refused credential's requests go upstream in no line, where the server
+// answers them as it would without the module.
+
+// defaultKeyProof is key_proof's default: WordPress's route that answers
+// 2xx to a right credential and 401 to a wrong one.
+const defaultKeyProof = "/wp-json/wp/v2/users/me"
+
+// refusedFor is how long a refusal is kept: a flood of one wrong password
+// costs the server one proof per refusedFor, and a password created just
+// after it was refused works that much later at most.
+const refusedFor = 10 * time.Second
+
+// verdict is what a proof found.
+type verdict int
+
+const (
+	verdictAccepted  verdict = iota + 1 // a 2xx: the credential joins its user's line
+	verdictRefused                      // 401 or 403: it joins none
+	verdictUndecided                    // any other answer, or none
+	verdictFull                         // the user's proofs waiting were max_queue already
+	verdictTimeout                      // the user's other proofs took queue_timeout
+)
+
+// Errors a request whose credential could not be proven is answered by.
+var (
+	errProofFull      = errors.New("too many credentials of this user waiting for their proof")
+	errProofTimeout   = errors.New("timed out waiting for the credential's proof")
+	errProofUndecided = errors.New("the MCP server answered the credential's proof with neither 2xx nor 401/403")
+)
+
+// proofCall is a proof in flight; done is closed once verdict is set.
+type proofCall struct {
+	done    chan struct{}
+	verdict verdict
+}
+
+// proofs keeps, by keyed hash, the credentials the MCP server accepted
+// (until session_ttl after their proof) and refused (for refusedFor),
+// each kind at most max, and the proofs in flight. It belongs to the
+// table, so that a reload keeps it.
+type proofs struct {
+	mu       sync.Mutex
+	accepted map[string]time.Time
+	refused  map[string]time.Time
+	inFlight map[string]*proofCall
+	max      int
+}
+
+func newProofs(max int) *proofs {
+	return &proofs{accepted: map[string]time.Time{}, refused: map[string]time.Time{}, inFlight: map[string]*proofCall{}, max: max}
+}
+
+// lookup returns the kept verdict on credential cred, or else the proof
+// in flight for it; lead is true when the caller has just started that
+// proof and must send it and settle it.
+func (p *proofs) lookup(cred string, now time.Time) (v verdict, call *proofCall, lead bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if kept(p.accepted, cred, now) {
+		return verdictAccepted, nil, false
+	}
+	if kept(p.refused, cred, now) {
+		return verdictRefused, nil, false
+	}
+	if call = p.inFlight[cred]; call != nil {
+		return 0, call, false
+	}
+	call = &proofCall{done: make(chan struct{})}
+	p.inFlight[cred] = call
+	return 0, call, true
+}
+
+// kept reports whether m holds key until after now, forgetting it if its
+// time is up.
+func kept(m map[string]time.Time, key string, now time.Time) bool {
+	until, ok := m[key]
+	if ok && !now.Before(until) {
+		delete(m, key)
+		return false
+	}
+	return ok
+}
+
+// settle ends the proof call of cred with v, keeping an acceptance until
+// acceptedUntil and a refusal for refusedFor. A full record forgets one
+// verdict of the same kind first, whichever the map yields: a refusal
+// never pushes an acceptance out, and only a right credential can add one.
+func (p *proofs) settle(cred string, call *proofCall, v verdict, now, acceptedUntil time.Time) {
+	p.mu.Lock()
+	switch v {
+	case verdictAccepted:
+		keep(p.accepted, cred, acceptedUntil, p.max)
+	case verdictRefused:
+		keep(p.refused, cred, now.Add(refusedFor), p.max)
+	}
+	delete(p.inFlight, cred)
+	p.mu.Unlock()
+	call.verdict = v
+	close(call.done)
+}
+
+func keep(m map[string]time.Time, key string, until time.Time, max int) {
+	if _, ok := m[key]; !ok && len(m) >= max {
+		for old := range m {
+			delete(m, old)
+			break
+		}
+	}
+	m[key] = until
+}
+
+// len is how many verdicts are kept, expired ones included.
+func (p *proofs) len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.accepted) + len(p.refused)
+}
+
+// admission is, with key basic_user, what decides whether a request of
+// line, its user's, joins it (serializer.Line's Admit): only once its
+// credential is proven. Any other request joins its line as it is.
+func (h *Handler) admission(r *http.Request, next caddyhttp.Handler, line string) serializer.Line {
+	if h.Key != keyBasicUser || line == "" {
+		return serializer.Line{Key: line}
+	}
+	return serializer.Line{Key: line, Admit: func(ctx context.Context) (bool, error) {
+		return h.prove(ctx, r, next, line)
+	}}
+}
+
+// prove reports whether the MCP server accepts r's credentials, waiting,
+// within ctx, for a proof if none is kept. A verdict other than accepted
+// or refused is an error to answer the request with.
+func (h *Handler) prove(ctx context.Context, r *http.Request, next caddyhttp.Handler, line string) (bool, error) {
+	cred := h.hashKey(provenSpelling(r))
+	start := time.Now()
+	v, call, lead := h.proofs.lookup(cred, start)
+	if call != nil {
+		if lead {
+			go h.sendProof(h.proofRequest(r), next, line, cred, call)
+		}
+		select {
+		case <-call.done:
+			v = call.verdict
+			metrics.proofWait.Observe(time.Since(start).Seconds())
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return false, errProofTimeout
+			}
+			return false, ctx.Err()
+		}
+	}
+	switch v {
+	case verdictAccepted:
+		return true, nil
+	case verdictRefused:
+		return false, nil
+	case verdictFull:
+		return false, errProofFull
+	case verdictTimeout:
+		return false, errProofTimeout
+	}
+	return false, errProofUndecided
+}
+
+// proofRequest is the GET of key_proof that proves r's credentials: the
+// site, client address and TLS state of r (an app may require HTTPS for
+// passwords), its Authorization and forwarding headers, nothing else.
+// It does not end with r.
+func (h *Handler) proofRequest(r *http.Request) *http.Request {
+	target := *r.URL
+	target.Path, target.RawPath, target.RawQuery = h.keyProof.Path, h.keyProof.RawPath, h.keyProof.RawQuery
+	proof := (&http.Request{
+		Method: http.MethodGet, URL: &target, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Accept": {"application/json"}}, Body: http.NoBody,
+		Host: r.Host, RemoteAddr: r.RemoteAddr, RequestURI: target.RequestURI(),
+	}).WithContext(context.WithoutCancel(r.Context()))
+	for _, name := range []string{"Authorization", "Forwarded", "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host"} {
+		if values := r.Header.Values(name); len(values) > 0 {
+			proof.Header[name] = append([]string(nil), values...)
+		}
+	}
+	if r.TLS != nil {
+		state := *r.TLS
+		proof.TLS = &state
+	}
+	return proof
+}
+
+// sendProof sends proof through the handlers after this one, to the MCP
+// server, once the user's earlier proofs are done, and settles call with
+// what it answered. It is bounded by queue_timeout.
+func (h *Handler) sendProof(proof *http.Request, next caddyhttp.Handler, line, cred string, call *proofCall) {
+	v := verdictUndecided
+	status := 0
+	defer func() {
+		metrics.proofs.WithLabelValues(v.String()).Inc()
+		if v == verdictUndecided {
+			h.warnUndecided(status)
+		}
+		now := time.Now()
+		h.proofs.settle(cred, call, v, now, now.Add(h.settings.SessionTTL))
+	}()
+	ctx, cancel := context.WithTimeout(proof.Context(), h.settings.QueueTimeout)
+	defer cancel()
+	turn, err := h.table.AcquireKeyed(ctx, line+" proof", 0)
+	switch {
+	case errors.Is(err, serializer.ErrQueueFull):
+		v = verdictFull
+		return
+	case err != nil:
+		v = verdictTimeout
+		return
+	}
+	defer turn.Done(0)
+	server, _ := proof.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	rec := &statusRecorder{header: http.Header{}}
+	err = next.ServeHTTP(rec, caddyhttp.PrepareRequest(proof.WithContext(ctx), caddy.NewReplacer(), rec, server))
+	status = statusOf(rec.status, err)
+	switch {
+	case status >= 200 && status <= 299:
+		v = verdictAccepted
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		v = verdictRefused
+	}
+}
+
+func (v verdict) String() string {
+	switch v {
+	case verdictAccepted:
+		return "accepted"
+	case verdictRefused:
+		return "refused"
+	case verdictFull:
+		return "full"
+	case verdictTimeout:
+		return "timeout"
+	}
+	return "undecided"
+}
+
+// undecidedWarns spaces the WARNs of proofs the server answered with
+// neither 2xx nor 401/403.
+var undecidedWarns warnlimit.Limiter
+
+func (h *Handler) warnUndecided(status int) {
+	if ok, suppressed := undecidedWarns.Allow(time.Now()); ok {
+		h.logger.Warn("key basic_user: the MCP server answered a credential's proof (key_proof) with neither 2xx nor 401/403; "+
+			"the request was answered 503; check that key_proof names a route that answers a right credential with 2xx",
+			zap.String("key_proof", h.keyProof.String()), zap.Int("status", status), zap.Int("suppressed", suppressed))
+	}
+}
+
+// provenSpelling is what a proof is kept under: the credentials as
+// WordPress compares them (wordpressLogin, wordpressPassword), so that one
+// password written in endless spellings is proven once rather than
+// pushing other users' proofs out.
+func provenSpelling(r *http.Request) string {
+	user, password, ok := basicCredentials(phpAuthorization(r))
+	if !ok {
+		return r.Header.Get("Authorization")
+	}
+	return "proof " + wordpressLogin(user) + ":" + wordpressPassword(password)
+}
+
+// keyAnswered claims, with order owner, the key of a request the upstream
+// answered with a 2xx for session_ttl: before, its claim lives 30 s.
+func (h *Handler) keyAnswered(r *http.Request, info *requestInfo, status int) {
+	if h.owners == nil || status < 200 || status > 299 {
+		return
+	}
+	if id, keyed := info.owned(); keyed {
+		h.owners.KeyAnswered(context.WithoutCancel(r.Context()), h.ownerStore, id, h.hereAddr(r))
+	}
+}
+
+// parseKeyProof reads key_proof: a path, with a query if wanted.
+func parseKeyProof(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "" || u.Host != "" || len(u.Path) == 0 || u.Path[0] != '/' {
+		return nil, errors.New("key_proof must be a path on the same site, such as " + defaultKeyProof)
+	}
+	return u, nil
+}
