@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http"
 	"net/url"
 	"sync"
@@ -162,7 +163,8 @@ func (h *Handler) prove(ctx context.Context, r *http.Request, next caddyhttp.Han
 	v, call, lead := h.proofs.lookup(cred, start)
 	if call != nil {
 		if lead {
-			go h.sendProof(h.proofRequest(r), next, line, cred, call)
+			proof, vars := h.proofRequest(r)
+			go h.sendProof(proof, vars, next, line, cred, call)
 		}
 		select {
 		case <-call.done:
@@ -191,11 +193,12 @@ func (h *Handler) prove(ctx context.Context, r *http.Request, next caddyhttp.Han
 // proofRequest is the GET of key_proof that proves r's credentials: the
 // site, client address and TLS state of r (an app may require HTTPS for
 // passwords), its Authorization and forwarding headers, nothing else.
-// It does not end with r.
-func (h *Handler) proofRequest(r *http.Request) *http.Request {
+// It does not end with r. vars is a copy of r's variables, which the
+// handlers before this one set (root, which php_fastcgi needs).
+func (h *Handler) proofRequest(r *http.Request) (proof *http.Request, vars map[string]any) {
 	target := *r.URL
 	target.Path, target.RawPath, target.RawQuery = h.keyProof.Path, h.keyProof.RawPath, h.keyProof.RawQuery
-	proof := (&http.Request{
+	proof = (&http.Request{
 		Method: http.MethodGet, URL: &target, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: http.Header{"Accept": {"application/json"}}, Body: http.NoBody,
 		Host: r.Host, RemoteAddr: r.RemoteAddr, RequestURI: target.RequestURI(),
@@ -209,13 +212,16 @@ func (h *Handler) proofRequest(r *http.Request) *http.Request {
 		state := *r.TLS
 		proof.TLS = &state
 	}
-	return proof
+	if orig, ok := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+		vars = maps.Clone(orig)
+	}
+	return proof, vars
 }
 
 // sendProof sends proof through the handlers after this one, to the MCP
 // server, once the user's earlier proofs are done, and settles call with
 // what it answered. It is bounded by queue_timeout.
-func (h *Handler) sendProof(proof *http.Request, next caddyhttp.Handler, line, cred string, call *proofCall) {
+func (h *Handler) sendProof(proof *http.Request, vars map[string]any, next caddyhttp.Handler, line, cred string, call *proofCall) {
 	v := verdictUndecided
 	status := 0
 	defer func() {
@@ -240,7 +246,15 @@ func (h *Handler) sendProof(proof *http.Request, next caddyhttp.Handler, line, c
 	defer turn.Done(0)
 	server, _ := proof.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	rec := &statusRecorder{header: http.Header{}}
-	err = next.ServeHTTP(rec, caddyhttp.PrepareRequest(proof.WithContext(ctx), caddy.NewReplacer(), rec, server))
+	proof = caddyhttp.PrepareRequest(proof.WithContext(ctx), caddy.NewReplacer(), rec, server)
+	if own, ok := proof.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+		for name, value := range vars {
+			if _, set := own[name]; !set {
+				own[name] = value
+			}
+		}
+	}
+	err = next.ServeHTTP(rec, proof)
 	status = statusOf(rec.status, err)
 	switch {
 	case status >= 200 && status <= 299:

@@ -469,3 +469,28 @@ func TestAUsersProofsAreBoundedByMaxQueue(t *testing.T) {
 		t.Errorf("%d proofs sent, want 3: the refused credential's was not", n)
 	}
 }
+
+// The proof goes through the handlers after the module with what the
+// handlers before it set: php_fastcgi finds index.php by the root
+// variable, without which WordPress's route would be a 404.
+func TestTheProofSeesTheVariablesTheHandlersBeforeTheModuleSet(t *testing.T) {
+	proofs := make(chan string, 4)
+	_, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.URL.Path == proofPath {
+			proofs <- r.Header.Get("X-Root")
+			if r.Header.Get("X-Root") != "/srv/wp" {
+				w.WriteHeader(http.StatusNotFound)
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	})
+	c := startCaddy(t, fmt.Sprintf("root * /srv/wp\nmcp_serializer {\n\tkey basic_user\n}\nreverse_proxy %s {\n\theader_up X-Root {http.vars.root}\n}", addr))
+	if status := statusOf(send(t, c.url, basic("alice", "pw-0"), "", rpcRequest("1", "tools/list"))); status != http.StatusOK {
+		t.Errorf("a right credential: status %d, want 200", status)
+	}
+	if root := <-proofs; root != "/srv/wp" {
+		t.Errorf("the proof reached the upstream with root %q, want /srv/wp", root)
+	}
+}

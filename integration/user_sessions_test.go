@@ -1,8 +1,15 @@
 package integration
 
 import (
+	"encoding/base64"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -102,4 +109,118 @@ func TestEveryPasswordOfAUserSharesItsLineWithKeyBasicUser(t *testing.T) {
 		t.Errorf("keyed on the Authorization header, no session lost: the race between one user's passwords is not reproduced")
 	}
 	wantNoSessionLost(t, "key basic_user", byUser)
+}
+
+// stranger plays someone who knows only a user's name: it keeps slowBodies
+// POSTs with wrong passwords open, each body larger than max_body, its
+// first 5 KiB sent at once and then a byte a second, and floods
+// initialize with a new wrong password each time from floodThreads
+// goroutines, until stopped.
+type stranger struct {
+	answered atomic.Int64 // flood requests answered 401
+	other    atomic.Int64 // flood requests answered otherwise
+	stop     chan struct{}
+	done     sync.WaitGroup
+}
+
+func startStranger(t *testing.T, url, user string, slowBodies, floodThreads int) *stranger {
+	t.Helper()
+	s := &stranger{stop: make(chan struct{})}
+	host := strings.TrimPrefix(url[:strings.Index(url[len("http://"):], "/")+len("http://")], "http://")
+	path := url[len("http://")+len(host):]
+	basic := func(password string) string {
+		return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password))
+	}
+	for i := range slowBodies {
+		conn, err := net.Dial("tcp", host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prefix := `{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"pad":"` + strings.Repeat("x", 5<<10)
+		fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			path, host, basic(fmt.Sprintf("wrong-slow-%d", i)), 1<<20, prefix)
+		s.done.Go(func() {
+			defer conn.Close()
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-s.stop:
+					return
+				case <-tick.C:
+					conn.Write([]byte("x"))
+				}
+			}
+		})
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	for thread := range floodThreads {
+		s.done.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-s.stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"stranger","version":"1"}}}`))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Accept", "application/json, text/event-stream")
+				req.Header.Set("Authorization", basic(fmt.Sprintf("wrong-%d-%d", thread, n)))
+				resp, err := client.Do(req)
+				if err != nil {
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusUnauthorized {
+					s.answered.Add(1)
+				} else {
+					s.other.Add(1)
+				}
+			}
+		})
+	}
+	t.Cleanup(s.end)
+	return s
+}
+
+func (s *stranger) end() {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	s.done.Wait()
+}
+
+// With key basic_user, a stranger who knows only a user's name, keeping
+// four slow bodies with wrong passwords open and flooding wrong-password
+// initialize requests from four threads, costs the user's clients (4 of
+// each of 2 users, a password each) no session: a credential joins the
+// user's line only once the PHP app accepted it at key_proof.
+func TestAStrangerWhoKnowsOnlyAUsersNameLosesTheUserNoSession(t *testing.T) {
+	prerequisites(t)
+	fpm := startPHPFPM(t, phpFPMOptions{Workers: 16})
+	caddy := runCaddy(t, caddySite("\tmetrics /metrics\n\tmcp_serializer {\n\t\tkey basic_user\n\t\tmax_body 1KB\n\t}\n"+userSessionsBackend(fpm)))
+	url := caddy.URL + "/user-mcp"
+	quiet := connectUsers(t, "key basic_user, no stranger", url, 5, "distinct")
+	wantNoSessionLost(t, "no stranger", quiet)
+
+	s := startStranger(t, url, "user0", 4, 4)
+	refused := func() float64 {
+		return adminMetric(t, caddy.Admin, "caddy_mcp_serializer_proofs_total")[`{verdict="refused"}`]
+	}
+	// The slow bodies' credentials are refused and the flood is answered
+	// before the user's clients start.
+	for deadline := time.Now().Add(30 * time.Second); refused() < 8 || s.answered.Load() < 4; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("within 30 s, %v of the stranger's credentials refused and %d flood requests answered 401 (%d otherwise); proofs %v", refused(), s.answered.Load(), s.other.Load(), adminMetric(t, caddy.Admin, "caddy_mcp_serializer_proofs_total"))
+		}
+	}
+	attacked := connectUsers(t, "key basic_user, beside the stranger", url, 5, "distinct")
+	flood := s.answered.Load()
+	s.end()
+	wantNoSessionLost(t, "beside the stranger", attacked)
+	t.Logf("the stranger's flood: %d answered 401, %d otherwise; %v credentials refused at key_proof; the user's clients took %d ms beside it, %d ms without",
+		flood, s.other.Load(), refused(), attacked.ElapsedMs, quiet.ElapsedMs)
 }

@@ -13,8 +13,8 @@ declare(strict_types=1);
  * kept: its next request is answered 404, -32005 "Session not found".
  *
  * The user is the name in the request's Basic credentials; any password
- * but "wrong" is right (the tests need whose record it is, and a password
- * the server refuses). Served at /user-mcp.
+ * that does not begin with "wrong" is right (the tests need whose record it
+ * is, and passwords the server refuses). Served at /user-mcp.
  */
 final class UserSessionsEndpoint
 {
@@ -29,7 +29,7 @@ final class UserSessionsEndpoint
             $this->httpError(401, -32600, 'Basic credentials required');
             return;
         }
-        if ($this->password() === 'wrong') {
+        if ($this->wrongPassword()) {
             $this->httpError(401, -32600, 'Incorrect password');
             return;
         }
@@ -39,6 +39,22 @@ final class UserSessionsEndpoint
             'DELETE' => $this->delete($user, $sessionId),
             default => http_response_code(405), // the adapter serves no GET stream
         };
+    }
+
+    /**
+     * WordPress's GET /wp/v2/users/me, which mcp_serializer's key_proof
+     * asks: the user for right credentials, 401 for any other. It reads
+     * the user and writes nothing.
+     */
+    public function me(): void
+    {
+        $user = $this->user();
+        if ($user === null || $this->wrongPassword()) {
+            $this->httpError(401, -32600, 'Incorrect password');
+            return;
+        }
+        header('Content-Type: application/json');
+        echo json_encode(['id' => crc32($user), 'name' => $user]);
     }
 
     private function post(string $user, string $sessionId): void
@@ -127,6 +143,11 @@ final class UserSessionsEndpoint
         unset($sessions[$sessionId]);
         $this->store->saveUserSessions($user, $sessions);
         http_response_code(200);
+    }
+
+    private function wrongPassword(): bool
+    {
+        return str_starts_with($this->password(), 'wrong');
     }
 
     private function password(): string
