@@ -411,3 +411,31 @@ func TestKeyBasicUserLinesUpEveryPasswordOfAUser(t *testing.T) {
 		t.Errorf("keyed on the Authorization header, no user's passwords overlapped: the test cannot tell the two apart")
 	}
 }
+
+// Two instances hashing key values with different secrets would each
+// claim their own queue for one user: the one whose key_secret differs
+// from the fingerprint recorded in Redis serves no keyed request (503),
+// while the other serves them.
+func TestAnInstanceWhoseKeySecretDiffersFromItsPeersServesNoKeyedRequest(t *testing.T) {
+	_, addr := newUpstream(t, nil)
+	in := startOwnerInstances(t, addr, "key {http.request.header.X-User}", "key_secret secret-of-{instance}")
+	statuses := map[int]int{}
+	for _, url := range []string{in.a, in.b} {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(rpcRequest("1", "tools/list")))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-User", "alice")
+		resp, err := do(http.DefaultClient, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		statuses[resp.StatusCode]++
+		if resp.StatusCode == http.StatusServiceUnavailable && !strings.Contains(string(body), "key_secret") {
+			t.Errorf("the 503 does not name key_secret: %s", body)
+		}
+	}
+	if statuses[http.StatusOK] != 1 || statuses[http.StatusServiceUnavailable] != 1 {
+		t.Fatalf("statuses %v: want one instance to serve the key and the other, whose key_secret differs, to answer 503", statuses)
+	}
+}

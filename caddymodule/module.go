@@ -120,6 +120,9 @@ type Handler struct {
 	keyProof  *url.URL    // key_proof, read
 	proofs    *proofs     // with key basic_user: the credentials the MCP server accepted or refused
 	budget    *bodyBudget // max_buffered and what is held of it
+	// keySecrets, with key and order owner, tells whether the instances
+	// hash key values alike.
+	keySecrets *keySecretCheck
 	// With order owner: who owns which session, the engine that records
 	// it, and the proxy to the owners; nil otherwise.
 	owners     *owner.Directory
@@ -240,6 +243,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}()
 		})
 		h.owners.Members().Start()
+		if h.Key != "" {
+			h.keySecrets = startKeySecretCheck(h.keySecret, h.ownerStore, h.logger)
+		}
 		if r, ok := h.engine.(stateengine.Retainer); ok {
 			// Open for the handover, whenever Caddy cleans the engine up.
 			h.releaseEngine = r.Retain()
@@ -483,6 +489,7 @@ func (h *Handler) validateOwnerOrder() error {
 // stops when no config uses it.
 func (h *Handler) Cleanup() error {
 	h.releaseClaim()
+	h.keySecrets.halt()
 	if h.forwarder != nil {
 		_ = h.forwarder.Cleanup()
 	}

@@ -47,7 +47,9 @@ func startOwnerInstances(t testing.TB, upstream string, settings ...string) *own
 	}
 	redisAddr := redistest.Start(t)
 	adminPort, pa, pb, pf := testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t)
+	// A setting may differ between the instances: {instance} is its name.
 	instance := func(name string, port int, redisLogin string) string {
+		extra := strings.ReplaceAll(extra, "{instance}", name)
 		return fmt.Sprintf(`http://127.0.0.1:%d {
 	metrics /metrics
 	mcp_serializer {

@@ -35,6 +35,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		if h.Key != "" {
 			if key := h.keyOf(r); key != "" {
+				if h.keySecretDiffers() {
+					publishNoSession(r)
+					return h.rejectKeySecret(w, r)
+				}
 				return h.serveKeyed(w, r, next, key)
 			}
 		}
@@ -54,6 +58,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		info.line = h.keyOf(r)
 	}
 	info.publish(r)
+	if info.line != "" && h.keySecretDiffers() {
+		return h.rejectKeySecret(w, r)
+	}
 	if r.Method != http.MethodPost {
 		if forwarded, err := h.serveAtOwner(w, r, info, nil, nil); forwarded {
 			return err
@@ -543,6 +550,14 @@ func (h *Handler) rejectBody(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	return h.reject(w, r, "body_read", http.StatusBadRequest, codeInvalidRequest,
 		"could not read the request body: "+err.Error(), nil)
+}
+
+// rejectKeySecret answers a request with a key while this instance's
+// key_secret differs from its peers': its key's queue here is not theirs.
+func (h *Handler) rejectKeySecret(w http.ResponseWriter, r *http.Request) error {
+	w.Header().Set("Retry-After", "1")
+	return h.reject(w, r, "key_secret_mismatch", http.StatusServiceUnavailable, codeServerError,
+		"this instance's key_secret differs from the other instances'; retry (another instance may serve it)", nil)
 }
 
 // rejectWait answers a request that did not get its turn.
