@@ -17,12 +17,15 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/mcpserializer/caddy-mcp-serializer/caddymodule"
 	"github.com/mcpserializer/caddy-mcp-serializer/integration/mcpstub"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/redistest"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testclock"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
+	"github.com/mcpserializer/caddy-mcp-serializer/serializer"
 )
 
 // `caddy reload` (through the admin API) under steady pipelined load
@@ -430,11 +433,21 @@ func TestReloadHandsBackgroundWorkTheNewEngineBeforeAnyRequest(t *testing.T) {
 	const sid = "state-moved"
 	first, second := redistest.Start(t), redistest.Start(t)
 	_, addr := newUpstream(t, mcpAnswer(sid, nil))
+	// order local: the leases of order owner are renewed on their own
+	// clock, and one in flight on the old client as it closes fails.
 	site := func(redis string) string {
-		return "metrics /metrics\nmcp_serializer {\n\tinit_timeout 500ms\n\tstate redis " + redis + "\n}\nreverse_proxy " + addr
+		return "metrics /metrics\nmcp_serializer {\n\tinit_timeout 500ms\n\torder local\n\tstate redis " + redis + "\n}\nreverse_proxy " + addr
 	}
 	c := startCaddy(t, site(first))
 	initialize(t, c, sid) // gated, its init_timeout running
+	// The end of the initialize exchange is written after its answer:
+	// once it is in the first Redis, nothing is left to write there.
+	old := goredis.NewClient(&goredis.Options{Addr: first})
+	defer old.Close()
+	wait.Until(t, "the initialize's end written", func() bool {
+		v, _ := old.HGet(context.Background(), "mcp_serializer:"+serializer.StoreKey(sid), "inflight").Result()
+		return v == "0"
+	})
 	before := stateErrors(t, c)
 	c.reload(t, site(second))
 	time.Sleep(time.Second) // init_timeout passes with no request served
