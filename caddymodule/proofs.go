@@ -234,7 +234,7 @@ func (h *Handler) sendProof(proof *http.Request, vars map[string]any, next caddy
 	}()
 	ctx, cancel := context.WithTimeout(proof.Context(), h.settings.QueueTimeout)
 	defer cancel()
-	turn, err := h.table.AcquireKeyed(ctx, line+" proof", 0)
+	turn, err := h.table.AcquireAside(ctx, line+" proof")
 	switch {
 	case errors.Is(err, serializer.ErrQueueFull):
 		v = verdictFull

@@ -568,6 +568,13 @@ type countingEvents struct {
 	gateTimeouts *atomic.Int32
 	evictions    *atomic.Int32
 	gated        *atomic.Int32 // evictions of gated sessions, also counted in evictions
+	waits        *atomic.Int32
+}
+
+func (e *countingEvents) Waited(time.Duration) {
+	if e.waits != nil {
+		e.waits.Add(1)
+	}
 }
 
 func (e *countingEvents) GateTimedOut(string, TimeoutAction) {
@@ -966,4 +973,34 @@ func TestAnOvertakingReplyIsNotAskedForAdmission(t *testing.T) {
 	}
 	reply.turn.Done(202)
 	stream.turn.Done(200)
+}
+
+// Work done beside the requests (a credential's proof) waits in a key's
+// queue as a request does, but its wait is not reported as a request's.
+func TestAnAsideTurnWaitsInItsQueueUnreported(t *testing.T) {
+	var waits atomic.Int32
+	tab, _ := newTestTable(t, func(c *Config) { c.Events = &countingEvents{waits: &waits} })
+	first, err := tab.AcquireAside(bg, "key user proof")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan result, 1)
+	go func() {
+		turn, err := tab.AcquireAside(bg, "key user proof")
+		second <- result{turn, err}
+	}()
+	mustWait(t, second)
+	first.Done(0)
+	mustGet(t, second).turn.Done(0)
+	if n := waits.Load(); n != 0 {
+		t.Fatalf("%d waits reported for work beside the requests, want none", n)
+	}
+	keyed, err := tab.AcquireKeyed(bg, "key user", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed.Done(200)
+	if n := waits.Load(); n != 1 {
+		t.Fatalf("%d waits reported for a request, want 1", n)
+	}
 }

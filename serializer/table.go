@@ -213,6 +213,18 @@ func (t *Table) AcquireKeyed(ctx context.Context, key string, traits Traits) (Tu
 	return t.takeTurn(ctx, t.refKey(key), Line{}, traits, nil)
 }
 
+// AcquireAside is AcquireKeyed for work the caller does beside the
+// requests, such as proving a credential before its requests join a
+// line: its wait is not a request's, and Events do not see it.
+func (t *Table) AcquireAside(ctx context.Context, key string) (Turn, error) {
+	s := t.refKey(key)
+	turn, err := s.enter(ctx, 0, nil, t.config().QueueTimeout)
+	if err != nil {
+		s.unref()
+	}
+	return turn, err
+}
+
 // AcquireSynthesized waits for the turn of a notifications/initialized
 // sent on the client's behalf (the Synthesize action), as AcquireInLine
 // with CarriesInitialized does. If the gate opened while it waited (the
