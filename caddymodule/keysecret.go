@@ -18,13 +18,15 @@ import (
 // Instances that hash key values with different secrets find different
 // queues for one key: each claims its own, and one user's requests run on
 // two instances at once. So each instance keeps a fingerprint of its
-// secret in the state engine, as the owner of one record, and one whose
-// fingerprint differs from the one recorded claims no key and serves no
-// keyed request until the record names its own again.
+// secret in the state engine, as the owner of one record per table name,
+// and says so, in a WARN and a metric, when the one recorded differs.
+// It does not refuse keyed requests: which fingerprint came first says
+// nothing of which is wrong, and an owner that refused the keys it holds
+// would fail its peers' requests for them until its claims lapse.
 
-// keySecretRecord is the id of the record whose owner is the fingerprint
-// of the instances' key secret. No session id or key can equal it: it
-// holds spaces.
+// keySecretRecord, then the table's name, is the id of the record whose
+// owner is the fingerprint of the instances' key secret. No session id or
+// key can equal it: it holds spaces.
 const keySecretRecord = "mcp_serializer key_secret fingerprint"
 
 // How the fingerprint is kept: each instance renews it every
@@ -38,6 +40,7 @@ const (
 // keySecretCheck keeps this config's fingerprint in the engine and
 // whether it differs from the one recorded.
 type keySecretCheck struct {
+	record      string
 	fingerprint string
 	store       owner.Claimer
 	differs     atomic.Bool
@@ -60,8 +63,9 @@ func keySecretFingerprint(secret []byte) string {
 
 // startKeySecretCheck checks the fingerprint once now and then every
 // keySecretEvery until stop.
-func startKeySecretCheck(secret []byte, store owner.Claimer, logger *zap.Logger) *keySecretCheck {
-	c := &keySecretCheck{fingerprint: keySecretFingerprint(secret), store: store, stop: make(chan struct{}), logger: logger}
+func startKeySecretCheck(table string, secret []byte, store owner.Claimer, logger *zap.Logger) *keySecretCheck {
+	c := &keySecretCheck{record: keySecretRecord + " " + table, fingerprint: keySecretFingerprint(secret), store: store, stop: make(chan struct{}), logger: logger}
+	keySecretChecks.Store(c, struct{}{})
 	c.check()
 	c.stopped.Go(func() {
 		tick := time.NewTicker(keySecretEvery)
@@ -84,7 +88,7 @@ func startKeySecretCheck(secret []byte, store owner.Claimer, logger *zap.Logger)
 func (c *keySecretCheck) check() {
 	ctx, cancel := context.WithTimeout(context.Background(), keySecretEvery)
 	defer cancel()
-	recorded, err := c.store.Claim(ctx, keySecretRecord, c.fingerprint, keySecretLife)
+	recorded, err := c.store.Claim(ctx, c.record, c.fingerprint, keySecretLife)
 	if err != nil {
 		return
 	}
@@ -92,8 +96,8 @@ func (c *keySecretCheck) check() {
 	c.differs.Store(differs)
 	if differs {
 		if ok, suppressed := c.warns.Allow(time.Now()); ok {
-			c.logger.Warn("key_secret differs from the other instances' (their fingerprint is in the shared state): "+
-				"this instance claims no key and answers requests with a key 503 until they agree; "+
+			c.logger.Warn("key_secret: the instances sharing this table and state do not hash key values with the same secret "+
+				"(another fingerprint is recorded), so one key's requests can run on two instances at once; "+
 				"set the same key_secret on every instance",
 				zap.Int("suppressed", suppressed))
 		}
@@ -107,10 +111,21 @@ func (c *keySecretCheck) halt() {
 	}
 	close(c.stop)
 	c.stopped.Wait()
+	keySecretChecks.Delete(c)
 }
 
-// keySecretDiffers reports whether this instance hashes key values with a
-// secret other than its peers'.
-func (h *Handler) keySecretDiffers() bool {
-	return h.keySecrets != nil && h.keySecrets.differs.Load()
+// keySecretChecks are the running checks, for the metric.
+var keySecretChecks sync.Map
+
+// keySecretsDiffering counts the running checks that see another
+// fingerprint recorded, at scrape time.
+func keySecretsDiffering() float64 {
+	n := 0
+	keySecretChecks.Range(func(k, _ any) bool {
+		if k.(*keySecretCheck).differs.Load() {
+			n++
+		}
+		return true
+	})
+	return float64(n)
 }

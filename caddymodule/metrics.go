@@ -32,6 +32,7 @@ var metrics = struct {
 	takeovers   prometheus.CounterFunc
 	proofs      *prometheus.CounterVec
 	proofWait   prometheus.Histogram
+	keySecrets  prometheus.GaugeFunc
 }{}
 
 func init() {
@@ -88,13 +89,17 @@ func init() {
 	}, takenOver)
 	metrics.proofs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "proofs_total",
-		Help: "Credentials proven at key_proof (key basic_user), by verdict: accepted (2xx: they join their user's line), refused (401 or 403: they join none), undecided (any other answer, or none), full (max_queue of the user's proofs already waited), timeout (the user's earlier proofs took queue_timeout).",
+		Help: "Credentials proven at key_proof (key basic_user), by verdict: accepted (2xx: they join their user's line), refused (401: they join none), undecided (any other answer, or none), full (max_queue of the user's proofs already waited), timeout (the user's earlier proofs took queue_timeout), abandoned (every request waiting for it left first).",
 	}, []string{"verdict"})
 	metrics.proofWait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "proof_wait_seconds",
 		Help:    "Time a request waited for its credential's proof (key basic_user), not counted in queue_wait_seconds.",
 		Buckets: []float64{0.001, 0.005, 0.025, 0.1, 0.5, 1, 2.5, 10, 30},
 	})
+	metrics.keySecrets = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "key_secret_differs",
+		Help: "Handlers (key with order owner) whose key_secret differs from the fingerprint the other instances of their table recorded in the shared state: one key's requests can then run on two instances at once.",
+	}, keySecretsDiffering)
 }
 
 func registerMetrics(registry *prometheus.Registry) {
@@ -104,7 +109,7 @@ func registerMetrics(registry *prometheus.Registry) {
 	for _, c := range []prometheus.Collector{
 		metrics.sessions, metrics.queueWait, metrics.gateHolds, metrics.gateTimeout,
 		metrics.rejections, metrics.bypasses, metrics.evictions, metrics.stateErrors,
-		metrics.forwards, metrics.forwardTime, metrics.takeovers, metrics.proofs, metrics.proofWait,
+		metrics.forwards, metrics.forwardTime, metrics.takeovers, metrics.proofs, metrics.proofWait, metrics.keySecrets,
 	} {
 		if err := registry.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError

@@ -244,7 +244,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		})
 		h.owners.Members().Start()
 		if h.Key != "" {
-			h.keySecrets = startKeySecretCheck(h.keySecret, h.ownerStore, h.logger)
+			h.keySecrets = startKeySecretCheck(h.Name, h.keySecret, h.ownerStore, h.logger)
 		}
 		if r, ok := h.engine.(stateengine.Retainer); ok {
 			// Open for the handover, whenever Caddy cleans the engine up.

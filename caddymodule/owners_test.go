@@ -786,6 +786,13 @@ func startHopRelay(t *testing.T, target string) *hopRelay {
 	return h
 }
 
+// passed is how many connections the relay has passed on.
+func (h *hopRelay) passed() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return (len(h.conns) - h.held) / 2
+}
+
 // hold accepts every later connection and never answers it, nor passes
 // it on.
 func (h *hopRelay) hold() {
@@ -827,9 +834,14 @@ func startOwnerBehindRelay(t *testing.T, settings ...string) (*upstream, *ownerI
 	ctx := context.Background()
 	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
 	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
-	if a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("2", "tools/list")); a.status != http.StatusOK {
-		t.Fatalf("through the hop before it was cut: %d %s", a.status, a.body)
-	}
+	// b learns a's advertised address with a's next lease renewal; until
+	// then it reaches a directly.
+	wait.Until(t, "b reaching a over the relay", func() bool {
+		if a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("2", "tools/list")); a.status != http.StatusOK {
+			t.Fatalf("through the hop before it was cut: %d %s", a.status, a.body)
+		}
+		return relay.passed() > 0
+	})
 	return up, in, relay, cid
 }
 

@@ -44,6 +44,7 @@ type requestInfo struct {
 	method          serializer.Method
 	protocolVersion string // as the client sent it
 	waited          time.Duration
+	proofWaited     time.Duration // a keyed request's wait for its credential's proof, before its queue
 	keyed           bool
 	held            bool
 	unread          bool // a POST whose body is not read whole: its client's leaving goes unseen

@@ -41,23 +41,28 @@ type verdict int
 
 const (
 	verdictAccepted  verdict = iota + 1 // a 2xx: the credential joins its user's line
-	verdictRefused                      // 401 or 403: it joins none
+	verdictRefused                      // 401: it joins none
 	verdictUndecided                    // any other answer, or none
 	verdictFull                         // the user's proofs waiting were max_queue already
 	verdictTimeout                      // the user's other proofs took queue_timeout
+	verdictAbandoned                    // every request waiting for it left
 )
 
 // Errors a request whose credential could not be proven is answered by.
 var (
 	errProofFull      = errors.New("too many credentials of this user waiting for their proof")
 	errProofTimeout   = errors.New("timed out waiting for the credential's proof")
-	errProofUndecided = errors.New("the MCP server answered the credential's proof with neither 2xx nor 401/403")
+	errProofUndecided = errors.New("the MCP server answered the credential's proof with neither 2xx nor 401")
 )
 
 // proofCall is a proof in flight; done is closed once verdict is set.
+// It is called off once no request waits for it any more (waiters, under
+// the proofs' lock), so that requests whose clients left hold nothing.
 type proofCall struct {
 	done    chan struct{}
 	verdict verdict
+	waiters int
+	cancel  context.CancelFunc
 }
 
 // proofs keeps, by keyed hash, the credentials the MCP server accepted
@@ -89,11 +94,29 @@ func (p *proofs) lookup(cred string, now time.Time) (v verdict, call *proofCall,
 		return verdictRefused, nil, false
 	}
 	if call = p.inFlight[cred]; call != nil {
+		call.waiters++
 		return 0, call, false
 	}
-	call = &proofCall{done: make(chan struct{})}
+	call = &proofCall{done: make(chan struct{}), waiters: 1}
 	p.inFlight[cred] = call
 	return 0, call, true
+}
+
+// started gives the proof call its cancel, before its leader can leave.
+func (p *proofs) started(call *proofCall, cancel context.CancelFunc) {
+	p.mu.Lock()
+	call.cancel = cancel
+	p.mu.Unlock()
+}
+
+// left records that a request stopped waiting for call, calling the proof
+// off if none waits any more.
+func (p *proofs) left(call *proofCall) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if call.waiters--; call.waiters == 0 && call.cancel != nil {
+		call.cancel()
+	}
 }
 
 // kept reports whether m holds key until after now, forgetting it if its
@@ -158,24 +181,37 @@ func (h *Handler) admission(r *http.Request, next caddyhttp.Handler, line string
 // within ctx, for a proof if none is kept. A verdict other than accepted
 // or refused is an error to answer the request with.
 func (h *Handler) prove(ctx context.Context, r *http.Request, next caddyhttp.Handler, line string) (bool, error) {
-	cred := h.hashKey(provenSpelling(r))
+	// Kept by route too: a reload that changes key_proof proves again.
+	cred := h.hashKey(h.keyProof.String() + " " + provenSpelling(r))
 	start := time.Now()
-	v, call, lead := h.proofs.lookup(cred, start)
-	if call != nil {
+	v, waited := verdictAbandoned, false
+	// A proof called off as this request joined it is sent again.
+	for v == verdictAbandoned {
+		var call *proofCall
+		var lead bool
+		if v, call, lead = h.proofs.lookup(cred, time.Now()); call == nil {
+			break
+		}
 		if lead {
 			proof, vars := h.proofRequest(r)
-			go h.sendProof(proof, vars, next, line, cred, call)
+			proofCtx, cancel := context.WithTimeout(proof.Context(), h.settings.QueueTimeout)
+			h.proofs.started(call, cancel)
+			go h.sendProof(proof.WithContext(proofCtx), vars, next, line, cred, call)
 		}
 		select {
 		case <-call.done:
 			v = call.verdict
-			metrics.proofWait.Observe(time.Since(start).Seconds())
 		case <-ctx.Done():
+			h.proofs.left(call)
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				return false, errProofTimeout
 			}
 			return false, ctx.Err()
 		}
+		waited = true
+	}
+	if waited {
+		metrics.proofWait.Observe(time.Since(start).Seconds())
 	}
 	switch v {
 	case verdictAccepted:
@@ -220,7 +256,8 @@ func (h *Handler) proofRequest(r *http.Request) (proof *http.Request, vars map[s
 
 // sendProof sends proof through the handlers after this one, to the MCP
 // server, once the user's earlier proofs are done, and settles call with
-// what it answered. It is bounded by queue_timeout.
+// what it answered. Its context bounds it by queue_timeout and ends it
+// once no request waits for it.
 func (h *Handler) sendProof(proof *http.Request, vars map[string]any, next caddyhttp.Handler, line, cred string, call *proofCall) {
 	v := verdictUndecided
 	status := 0
@@ -232,12 +269,15 @@ func (h *Handler) sendProof(proof *http.Request, vars map[string]any, next caddy
 		now := time.Now()
 		h.proofs.settle(cred, call, v, now, now.Add(h.settings.SessionTTL))
 	}()
-	ctx, cancel := context.WithTimeout(proof.Context(), h.settings.QueueTimeout)
-	defer cancel()
+	ctx := proof.Context()
+	defer call.cancel()
 	turn, err := h.table.AcquireAside(ctx, line+" proof")
 	switch {
 	case errors.Is(err, serializer.ErrQueueFull):
 		v = verdictFull
+		return
+	case errors.Is(ctx.Err(), context.Canceled):
+		v = verdictAbandoned
 		return
 	case err != nil:
 		v = verdictTimeout
@@ -257,9 +297,13 @@ func (h *Handler) sendProof(proof *http.Request, vars map[string]any, next caddy
 	err = next.ServeHTTP(rec, proof)
 	status = statusOf(rec.status, err)
 	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		v = verdictAbandoned
+	case ctx.Err() != nil:
+		v = verdictTimeout
 	case status >= 200 && status <= 299:
 		v = verdictAccepted
-	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+	case status == http.StatusUnauthorized:
 		v = verdictRefused
 	}
 }
@@ -274,17 +318,22 @@ func (v verdict) String() string {
 		return "full"
 	case verdictTimeout:
 		return "timeout"
+	case verdictAbandoned:
+		return "abandoned"
 	}
 	return "undecided"
 }
 
 // undecidedWarns spaces the WARNs of proofs the server answered with
-// neither 2xx nor 401/403.
+// neither 2xx nor 401. A 403 is one: a rule that blocks the route for
+// requests without a login cookie (against user enumeration) answers
+// every proof 403, and taking that as a wrong password would take every
+// request out of its line without a word.
 var undecidedWarns warnlimit.Limiter
 
 func (h *Handler) warnUndecided(status int) {
 	if ok, suppressed := undecidedWarns.Allow(time.Now()); ok {
-		h.logger.Warn("key basic_user: the MCP server answered a credential's proof (key_proof) with neither 2xx nor 401/403; "+
+		h.logger.Warn("key basic_user: the MCP server answered a credential's proof (key_proof) with neither 2xx nor 401; "+
 			"the request was answered 503; check that key_proof names a route that answers a right credential with 2xx",
 			zap.String("key_proof", h.keyProof.String()), zap.Int("status", status), zap.Int("suppressed", suppressed))
 	}

@@ -35,10 +35,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		if h.Key != "" {
 			if key := h.keyOf(r); key != "" {
-				if h.keySecretDiffers() {
-					publishNoSession(r)
-					return h.rejectKeySecret(w, r)
-				}
 				return h.serveKeyed(w, r, next, key)
 			}
 		}
@@ -58,9 +54,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		info.line = h.keyOf(r)
 	}
 	info.publish(r)
-	if info.line != "" && h.keySecretDiffers() {
-		return h.rejectKeySecret(w, r)
-	}
 	if r.Method != http.MethodPost {
 		if forwarded, err := h.serveAtOwner(w, r, info, nil, nil); forwarded {
 			return err
@@ -150,9 +143,11 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 		return err
 	}
 	if admit := h.admission(r, next, key).Admit; admit != nil {
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(r.Context(), h.settings.QueueTimeout)
 		admitted, err := admit(ctx)
 		cancel()
+		info.proofWaited = time.Since(start)
 		if err != nil {
 			publishNoSession(r)
 			return h.rejectWait(w, r, info, err, body.id)
@@ -172,7 +167,7 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 // with the key's other requests, since the backend may record every
 // session of a credential in one place.
 func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, info *requestInfo, body classifiedBody) error {
-	turn, err := h.table.AcquireKeyed(r.Context(), info.sessionID, body.traits)
+	turn, err := h.table.AcquireKeyedAfter(r.Context(), info.sessionID, body.traits, info.proofWaited)
 	if err != nil {
 		publishNoSession(r)
 		return h.rejectWait(w, r, info, err, body.id)
@@ -230,7 +225,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	var turn serializer.Turn
 	var err error
 	if info.keyed {
-		turn, err = h.table.AcquireKeyed(r.Context(), info.sessionID, traits)
+		turn, err = h.table.AcquireKeyedAfter(r.Context(), info.sessionID, traits, info.proofWaited)
 	} else {
 		turn, err = h.acquire(r, info.sessionID, h.admission(r, next, info.line), traits, ew)
 	}
@@ -550,14 +545,6 @@ func (h *Handler) rejectBody(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	return h.reject(w, r, "body_read", http.StatusBadRequest, codeInvalidRequest,
 		"could not read the request body: "+err.Error(), nil)
-}
-
-// rejectKeySecret answers a request with a key while this instance's
-// key_secret differs from its peers': its key's queue here is not theirs.
-func (h *Handler) rejectKeySecret(w http.ResponseWriter, r *http.Request) error {
-	w.Header().Set("Retry-After", "1")
-	return h.reject(w, r, "key_secret_mismatch", http.StatusServiceUnavailable, codeServerError,
-		"this instance's key_secret differs from the other instances'; retry (another instance may serve it)", nil)
 }
 
 // rejectWait answers a request that did not get its turn.

@@ -2,6 +2,7 @@ package caddymodule_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -31,19 +32,22 @@ import (
 // an event stream that lasts until its reply comes. It notes, per
 // session, the methods in the order they arrived.
 type userLineUpstream struct {
-	sessions  atomic.Int32
-	proofs    atomic.Int32
-	arrived   chan struct{} // a held request is here
-	release   chan struct{}
-	replied   chan struct{} // a reply came: the stream may end
-	proofGate chan struct{} // if not nil, each proof waits for it to close
+	sessions atomic.Int32
+	proofs   atomic.Int32
+	// proofsCalledOff counts proofs held at proofGate whose sender gave
+	// them up.
+	proofsCalledOff atomic.Int32
+	arrived         chan struct{} // a held request is here
+	release         chan struct{}
+	replied         chan struct{} // a reply came: the stream may end
 
 	releaseOnce sync.Once
 
-	mu    sync.Mutex
-	now   map[string]int
-	most  map[string]int
-	order map[string][]string
+	mu        sync.Mutex
+	proofGate chan struct{} // if not nil, each proof waits for it to close (holdProofs)
+	now       map[string]int
+	most      map[string]int
+	order     map[string][]string
 }
 
 func startUserLineUpstream(t *testing.T) (*userLineUpstream, string) {
@@ -74,8 +78,16 @@ func actingUser(r *http.Request) string {
 func (u *userLineUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodGet && r.URL.Path == proofPath {
 		u.proofs.Add(1)
-		if u.proofGate != nil {
-			<-u.proofGate
+		u.mu.Lock()
+		gate := u.proofGate
+		u.mu.Unlock()
+		if gate != nil {
+			select {
+			case <-gate:
+			case <-r.Context().Done():
+				u.proofsCalledOff.Add(1)
+				return
+			}
 		}
 		if actingUser(r) == "" {
 			w.WriteHeader(http.StatusUnauthorized)
@@ -142,6 +154,16 @@ func (u *userLineUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
 	}
+}
+
+// holdProofs makes the proofs sent from now on wait until the returned
+// function is called.
+func (u *userLineUpstream) holdProofs() (release func()) {
+	gate := make(chan struct{})
+	u.mu.Lock()
+	u.proofGate = gate
+	u.mu.Unlock()
+	return func() { close(gate) }
 }
 
 // methodOf is a body's method, or "reply" for a JSON-RPC response.
@@ -317,7 +339,7 @@ func TestACookieDoesNotProveAWrongPassword(t *testing.T) {
 // its credential: it waits neither for a proof nor in the user's line,
 // which the stream holds.
 func TestAReplyToAStreamOfANewCredentialGoesBesideIt(t *testing.T) {
-	_, addr := startUserLineUpstream(t)
+	up, addr := startUserLineUpstream(t)
 	c := startCaddy(t, userLineSite(addr, "\tqueue_timeout 2s\n"))
 	sid := openSession(t, c.url, basic("alice", "pw-0"))
 	// The client's next requests carry a password of alice's not proven
@@ -332,7 +354,11 @@ func TestAReplyToAStreamOfANewCredentialGoesBesideIt(t *testing.T) {
 	if err != nil || !strings.Contains(line, "elicitation/create") {
 		t.Fatalf("the stream's first event: %q, %v", line, err)
 	}
-	if status := statusOf(send(t, c.url, fresh, sid, `{"jsonrpc":"2.0","id":"ask-1","result":{"action":"accept"}}`)); status != http.StatusAccepted {
+	// The reply carries yet another password, whose proof would not end
+	// before queue_timeout: it waits for none.
+	release := up.holdProofs()
+	defer release()
+	if status := statusOf(send(t, c.url, basic("alice", "pw-2"), sid, `{"jsonrpc":"2.0","id":"ask-1","result":{"action":"accept"}}`)); status != http.StatusAccepted {
 		t.Fatalf("the reply the stream waits for: status %d, want 202", status)
 	}
 }
@@ -443,7 +469,7 @@ func TestAFloodOfWrongPasswordsLocksNoNewClientOut(t *testing.T) {
 // forwarded.
 func TestAUsersProofsAreBoundedByMaxQueue(t *testing.T) {
 	up, addr := startUserLineUpstream(t)
-	up.proofGate = make(chan struct{})
+	releaseProofs := up.holdProofs()
 	c := startCaddy(t, userLineSite(addr, "\tmax_queue 2\n\tqueue_timeout 10s\n"))
 	before := c.metric(t, `caddy_mcp_serializer_rejections_total{reason="proof_full"}`)
 	var waiting []<-chan int
@@ -459,7 +485,7 @@ func TestAUsersProofsAreBoundedByMaxQueue(t *testing.T) {
 	if got := c.metric(t, `caddy_mcp_serializer_rejections_total{reason="proof_full"}`) - before; got != 1 {
 		t.Errorf("rejections_total{reason=\"proof_full\"} rose by %v, want 1", got)
 	}
-	close(up.proofGate)
+	releaseProofs()
 	for _, w := range waiting {
 		if status := <-w; status != http.StatusOK {
 			t.Errorf("a credential that waited for its proof: status %d", status)
@@ -492,5 +518,119 @@ func TestTheProofSeesTheVariablesTheHandlersBeforeTheModuleSet(t *testing.T) {
 	}
 	if root := <-proofs; root != "/srv/wp" {
 		t.Errorf("the proof reached the upstream with root %q, want /srv/wp", root)
+	}
+}
+
+// A reload that changes key_proof proves credentials again: a verdict of
+// the old route, which may have accepted anyone, does not hold.
+func TestAReloadThatChangesKeyProofDropsTheOldRoutesVerdicts(t *testing.T) {
+	up, _ := startUserLineUpstream(t)
+	open := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/wp-json/" {
+			io.WriteString(w, `{"name":"site"}`) // WordPress's REST index: 200 to anyone
+			return
+		}
+		up.ServeHTTP(w, r)
+	}))
+	t.Cleanup(open.Close)
+	addr := open.Listener.Addr().String()
+	c := startCaddy(t, userLineSite(addr, "\tkey_proof /wp-json/\n\tqueue_timeout 2s\n"))
+	stranger := basic("alice", "wrong-1")
+	if status := statusOf(send(t, c.url, stranger, "", rpcRequest("1", "tools/list"))); status != http.StatusUnauthorized {
+		t.Fatalf("the stranger's request under the old key_proof: status %d, want the upstream's 401", status)
+	}
+	c.reload(t, userLineSite(addr, "\tqueue_timeout 2s\n")) // key_proof: WordPress's users/me
+	holding := sendAsyncAs(t, c.url, basic("alice", "pw-0"), "", rpcRequest("2", "tools/list"), "X-Test-Hold", "1")
+	up.awaitHeld(t)
+	status := statusOf(send(t, c.url, stranger, "", rpcRequest("3", "tools/list")))
+	up.releaseAll()
+	<-holding
+	if status != http.StatusUnauthorized {
+		t.Errorf("the stranger's wrong password after the reload: status %d, want the upstream's 401 in no line", status)
+	}
+}
+
+// A 403 at key_proof is not WordPress refusing a password but something
+// in front of the route (a rule against user enumeration that lets only
+// requests with a login cookie through): the request is answered 503
+// naming key_proof, never sent on in no line.
+func TestAProofAnswered403IsUndecidedNotARefusal(t *testing.T) {
+	up, addr := startUserLineUpstream(t)
+	c := startCaddy(t, fmt.Sprintf(`mcp_serializer {
+	key basic_user
+}
+@userenum {
+	path /wp-json/wp/v2/users*
+	not header_regexp Cookie wordpress_logged_in
+}
+respond @userenum 403
+reverse_proxy %s`, addr))
+	before := c.metric(t, `caddy_mcp_serializer_rejections_total{reason="proof_undecided"}`)
+	resp := send(t, c.url, basic("alice", "pw-0"), "", rpcRequest("1", "tools/list"))
+	rpcErr := expectRPCError(t, resp, http.StatusServiceUnavailable, "1")
+	if !strings.Contains(rpcErr.Error.Message, "key_proof") {
+		t.Errorf("the answer does not name key_proof: %q", rpcErr.Error.Message)
+	}
+	if got := c.metric(t, `caddy_mcp_serializer_rejections_total{reason="proof_undecided"}`) - before; got != 1 {
+		t.Errorf("rejections_total{reason=\"proof_undecided\"} rose by %v, want 1", got)
+	}
+	if n := up.mostAtOnce("alice"); n != 0 {
+		t.Errorf("the request went upstream (%d at once) though its credential was not proven", n)
+	}
+}
+
+// A proof whose requests have all left is called off: a stranger naming
+// made-up users and hanging up leaves no proof holding the table, and
+// the site's users still get new sessions.
+func TestAProofIsCalledOffOnceItsRequestsHaveLeft(t *testing.T) {
+	up, addr := startUserLineUpstream(t)
+	releaseProofs := up.holdProofs()
+	c := startCaddy(t, userLineSite(addr, "\tmax_sessions 4\n\tqueue_timeout 30s\n"))
+	ctx, hangUp := context.WithCancel(context.Background())
+	var left sync.WaitGroup
+	for i := range 4 {
+		left.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.url, strings.NewReader(rpcRequest("1", "tools/list")))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", basic(fmt.Sprintf("made-up-%d", i), "pw"))
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	wait.Until(t, "the made-up users' proofs sent", func() bool { return up.proofs.Load() == 4 })
+	hangUp()
+	left.Wait()
+	wait.Until(t, "the proofs called off", func() bool { return up.proofsCalledOff.Load() == 4 })
+	releaseProofs()
+	resp := send(t, c.url, basic("alice", "pw-0"), "", initializeBody)
+	if status := statusOf(resp); status != http.StatusOK {
+		t.Errorf("alice's new session once the stranger hung up: status %d, want 200", status)
+	}
+}
+
+// A later request of a session whose credential is proven does not reach
+// the server before an earlier one whose proof is still on its way.
+func TestALaterRequestWithAProvenPasswordDoesNotOvertakeAnEarlierOneInProof(t *testing.T) {
+	up, addr := startUserLineUpstream(t)
+	c := startCaddy(t, userLineSite(addr, "\tqueue_timeout 10s\n"))
+	proven := basic("alice", "pw-0")
+	sid := openSession(t, c.url, proven)
+	releaseProofs := up.holdProofs()
+	proofsBefore := up.proofs.Load()
+	first := sendAsyncAs(t, c.url, basic("alice", "pw-1"), sid, rpcRequest("2", "prompts/list"))
+	wait.Until(t, "the first request's proof sent", func() bool { return up.proofs.Load() == proofsBefore+1 })
+	second := sendAsyncAs(t, c.url, proven, sid, rpcRequest("3", "resources/list"))
+	// The second either waits behind the first or, were the proof before
+	// the session's turn, reaches the server first.
+	wait.Until(t, "the second request waiting or served", func() bool { return c.waiting(t) == 1 || len(up.arrivals(sid)) == 2 })
+	releaseProofs()
+	for _, done := range []<-chan int{first, second} {
+		if status := <-done; status != http.StatusOK {
+			t.Errorf("status %d", status)
+		}
+	}
+	if got, want := strings.Join(up.arrivals(sid), " "), "notifications/initialized prompts/list resources/list"; got != want {
+		t.Errorf("the session's requests reached the server as %q, want %q", got, want)
 	}
 }

@@ -1004,3 +1004,31 @@ func TestAnAsideTurnWaitsInItsQueueUnreported(t *testing.T) {
 		t.Fatalf("%d waits reported for a request, want 1", n)
 	}
 }
+
+// A keyed request that already waited for its credential's proof waits in
+// its key's queue for what is left of QueueTimeout, not a whole one more.
+func TestAKeyedRequestAfterItsProofWaitsWhatIsLeftOfQueueTimeout(t *testing.T) {
+	tab, clock := newTestTable(t, func(c *Config) { c.QueueTimeout = 10 * time.Second })
+	holder, err := tab.AcquireKeyed(bg, "key user", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := make(chan result, 1)
+	go func() {
+		turn, err := tab.AcquireKeyedAfter(bg, "key user", 0, 8*time.Second)
+		after <- result{turn, err}
+	}()
+	fresh := make(chan result, 1)
+	go func() {
+		turn, err := tab.AcquireKeyed(bg, "key user", 0)
+		fresh <- result{turn, err}
+	}()
+	eventually(t, func() bool { return waitingCount(tab, "key user") == 2 })
+	clock.Advance(2 * time.Second)
+	if r := mustGet(t, after); !errors.Is(r.err, ErrQueueTimeout) {
+		t.Fatalf("after 8 s of proof and 2 s in the queue: err = %v, want ErrQueueTimeout", r.err)
+	}
+	mustWait(t, fresh)
+	holder.Done(200)
+	mustGet(t, fresh).turn.Done(200)
+}

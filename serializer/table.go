@@ -146,21 +146,21 @@ type Line struct {
 // for) neither waits in the line nor is admitted. QueueTimeout bounds the
 // waits together. An empty line is AcquireFrom.
 func (t *Table) AcquireInLine(ctx context.Context, id string, line Line, traits Traits, src SynthSource) (Turn, error) {
-	return t.takeTurn(ctx, t.ref(id, true), line, traits, src)
+	return t.takeTurn(ctx, t.ref(id, true), line, traits, src, 0)
 }
 
 // takeTurn waits for a request's turn in s, which it holds a reference to,
-// then in line unless it has none. The references are dropped unless a
-// turn is returned.
-func (t *Table) takeTurn(ctx context.Context, s *Session, line Line, traits Traits, src SynthSource) (Turn, error) {
+// then in line unless it has none, for what spent left of QueueTimeout.
+// The references are dropped unless a turn is returned.
+func (t *Table) takeTurn(ctx context.Context, s *Session, line Line, traits Traits, src SynthSource, spent time.Duration) (Turn, error) {
 	cfg := t.config()
-	turn, err := s.enter(ctx, traits, src, cfg.QueueTimeout)
+	turn, err := s.enter(ctx, traits, src, cfg.QueueTimeout-spent)
 	if err != nil {
 		s.unref()
 		return turn, err
 	}
 	if line.Key != "" && !turn.overtake {
-		if turn, err = t.joinLine(ctx, turn, line, cfg.QueueTimeout); err != nil {
+		if turn, err = t.joinLine(ctx, turn, line, cfg.QueueTimeout-spent); err != nil {
 			return turn, err
 		}
 	}
@@ -210,7 +210,14 @@ func (t *Table) joinLine(ctx context.Context, turn Turn, line Line, wait time.Du
 // MaxSessions, with sessions: the caller keeps the two apart (no session
 // id can equal a key it makes).
 func (t *Table) AcquireKeyed(ctx context.Context, key string, traits Traits) (Turn, error) {
-	return t.takeTurn(ctx, t.refKey(key), Line{}, traits, nil)
+	return t.takeTurn(ctx, t.refKey(key), Line{}, traits, nil, 0)
+}
+
+// AcquireKeyedAfter is AcquireKeyed for a request that waited spent before
+// it (for its credential's proof): QueueTimeout bounds the two waits
+// together.
+func (t *Table) AcquireKeyedAfter(ctx context.Context, key string, traits Traits, spent time.Duration) (Turn, error) {
+	return t.takeTurn(ctx, t.refKey(key), Line{}, traits, nil, spent)
 }
 
 // AcquireAside is AcquireKeyed for work the caller does beside the
