@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -85,7 +86,14 @@ func (h *Handler) keyOf(r *http.Request) string {
 		if user == "" {
 			return ""
 		}
-		return "key " + h.hashKey(keyBasicUser+" "+user)
+		// The login the server named when it accepted these credentials:
+		// an e-mail address's user (learnLogin).
+		if h.proofs != nil {
+			if login, _ := h.proofs.login(h.proofKey(r), time.Now()); login != "" {
+				user = wordpressLogin(login)
+			}
+		}
+		return h.nameLine(user)
 	}
 	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if !ok {
@@ -96,6 +104,12 @@ func (h *Handler) keyOf(r *http.Request) string {
 		return ""
 	}
 	return "key " + h.hashKey(value)
+}
+
+// nameLine is the line of the user whose login, as wordpressLogin gives
+// it, is user.
+func (h *Handler) nameLine(user string) string {
+	return "key " + h.hashKey(keyBasicUser+" "+user)
 }
 
 // hashKey is the hex of value's hash keyed with the key's secret, or

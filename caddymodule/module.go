@@ -113,7 +113,8 @@ type Handler struct {
 	// a credential before its requests join their user's line, answering
 	// 2xx to a right one and 401 or 403 to a wrong one; it gets a GET with
 	// the request's Authorization header and no cookie. Default:
-	// /wp-json/wp/v2/users/me (WordPress).
+	// /wp-json/wp/v2/users/me?context=edit (WordPress, which names the
+	// user's login there: a client signing in by e-mail joins its line).
 	KeyProof string `json:"key_proof,omitempty"`
 
 	keySecret []byte      // what key values are hashed with; nil: a plain hash

@@ -2,10 +2,12 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"maps"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,8 +30,9 @@ import (
 // answers them as it would without the module.
 
 // defaultKeyProof is key_proof's default: WordPress's route that answers
-// 2xx to a right credential and 401 to a wrong one.
-const defaultKeyProof = "/wp-json/wp/v2/users/me"
+// 2xx to a right credential and 401 to a wrong one, naming the user's
+// login (context=edit, which a user may read of itself).
+const defaultKeyProof = "/wp-json/wp/v2/users/me?context=edit"
 
 // refusedFor is how long a refusal is kept: a flood of one wrong password
 // costs the server one proof per refusedFor, and a password created just
@@ -61,24 +64,39 @@ var (
 type proofCall struct {
 	done    chan struct{}
 	verdict verdict
+	login   string // the login the server named in its 2xx, if it did
 	waiters int
 	cancel  context.CancelFunc
 }
 
 // proofs keeps, by keyed hash, the credentials the MCP server accepted
-// (until session_ttl after their proof) and refused (for refusedFor),
-// each kind at most max, and the proofs in flight. It belongs to the
-// table, so that a reload keeps it.
+// (until session_ttl after their proof, with the login the server named,
+// if it did) and refused (for refusedFor), each kind at most max, and the
+// proofs in flight. It belongs to the table, so that a reload keeps it.
 type proofs struct {
 	mu       sync.Mutex
 	accepted map[string]time.Time
+	logins   map[string]string // of accepted credentials
 	refused  map[string]time.Time
 	inFlight map[string]*proofCall
 	max      int
 }
 
 func newProofs(max int) *proofs {
-	return &proofs{accepted: map[string]time.Time{}, refused: map[string]time.Time{}, inFlight: map[string]*proofCall{}, max: max}
+	return &proofs{accepted: map[string]time.Time{}, logins: map[string]string{}, refused: map[string]time.Time{},
+		inFlight: map[string]*proofCall{}, max: max}
+}
+
+// login is the login the server named when it accepted cred ("" if it
+// named none); ok is false if cred is not accepted.
+func (p *proofs) login(cred string, now time.Time) (login string, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !kept(p.accepted, cred, now) {
+		delete(p.logins, cred)
+		return "", false
+	}
+	return p.logins[cred], true
 }
 
 // lookup returns the kept verdict on credential cred, or else the proof
@@ -90,6 +108,7 @@ func (p *proofs) lookup(cred string, now time.Time) (v verdict, call *proofCall,
 	if kept(p.accepted, cred, now) {
 		return verdictAccepted, nil, false
 	}
+	delete(p.logins, cred)
 	if kept(p.refused, cred, now) {
 		return verdictRefused, nil, false
 	}
@@ -138,7 +157,10 @@ func (p *proofs) settle(cred string, call *proofCall, v verdict, now, acceptedUn
 	p.mu.Lock()
 	switch v {
 	case verdictAccepted:
-		keep(p.accepted, cred, acceptedUntil, p.max)
+		delete(p.logins, keep(p.accepted, cred, acceptedUntil, p.max))
+		if call.login != "" {
+			p.logins[cred] = call.login
+		}
 	case verdictRefused:
 		keep(p.refused, cred, now.Add(refusedFor), p.max)
 	}
@@ -148,14 +170,18 @@ func (p *proofs) settle(cred string, call *proofCall, v verdict, now, acceptedUn
 	close(call.done)
 }
 
-func keep(m map[string]time.Time, key string, until time.Time, max int) {
+// keep records key in m until until, forgetting another if m holds max
+// already; it returns the key forgotten, "" for none.
+func keep(m map[string]time.Time, key string, until time.Time, max int) (forgotten string) {
 	if _, ok := m[key]; !ok && len(m) >= max {
 		for old := range m {
 			delete(m, old)
+			forgotten = old
 			break
 		}
 	}
 	m[key] = until
+	return forgotten
 }
 
 // len is how many verdicts are kept, expired ones included.
@@ -181,8 +207,7 @@ func (h *Handler) admission(r *http.Request, next caddyhttp.Handler, line string
 // within ctx, for a proof if none is kept. A verdict other than accepted
 // or refused is an error to answer the request with.
 func (h *Handler) prove(ctx context.Context, r *http.Request, next caddyhttp.Handler, line string) (bool, error) {
-	// Kept by route too: a reload that changes key_proof proves again.
-	cred := h.hashKey(h.keyProof.String() + " " + provenSpelling(r))
+	cred := h.proofKey(r)
 	start := time.Now()
 	v, waited := verdictAbandoned, false
 	// A proof called off as this request joined it is sent again.
@@ -224,6 +249,34 @@ func (h *Handler) prove(ctx context.Context, r *http.Request, next caddyhttp.Han
 		return false, errProofTimeout
 	}
 	return false, errProofUndecided
+}
+
+// proofKey is what r's credentials' verdict is kept under: by route too,
+// so that a reload that changes key_proof proves them again.
+func (h *Handler) proofKey(r *http.Request) string {
+	return h.hashKey(h.keyProof.String() + " " + provenSpelling(r))
+}
+
+// learnLogin proves, before r's line is known, credentials that sign in
+// by e-mail address: WordPress takes a user name with an "@" that names no
+// login as the user's e-mail, and the proof's answer names the login, so
+// that the user's line is one whichever way each client signs in
+// (keyOf). Other credentials need nothing: their name is their login.
+func (h *Handler) learnLogin(r *http.Request, next caddyhttp.Handler) error {
+	if h.Key != keyBasicUser {
+		return nil
+	}
+	user, ok := basicUser(phpAuthorization(r))
+	if !ok || !strings.Contains(user, "@") {
+		return nil
+	}
+	if _, known := h.proofs.login(h.proofKey(r), time.Now()); known {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.settings.QueueTimeout)
+	defer cancel()
+	_, err := h.prove(ctx, r, next, h.nameLine(wordpressLogin(user)))
+	return err
 }
 
 // proofRequest is the GET of key_proof that proves r's credentials: the
@@ -285,7 +338,7 @@ func (h *Handler) sendProof(proof *http.Request, vars map[string]any, next caddy
 	}
 	defer turn.Done(0)
 	server, _ := proof.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
-	rec := &statusRecorder{header: http.Header{}}
+	rec := &proofRecorder{statusRecorder: statusRecorder{header: http.Header{}}}
 	proof = caddyhttp.PrepareRequest(proof.WithContext(ctx), caddy.NewReplacer(), rec, server)
 	if own, ok := proof.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
 		for name, value := range vars {
@@ -303,6 +356,7 @@ func (h *Handler) sendProof(proof *http.Request, vars map[string]any, next caddy
 		v = verdictTimeout
 	case status >= 200 && status <= 299:
 		v = verdictAccepted
+		call.login = rec.login()
 	case status == http.StatusUnauthorized:
 		v = verdictRefused
 	}
@@ -360,6 +414,35 @@ func (h *Handler) keyAnswered(r *http.Request, info *requestInfo, status int) {
 	if id, keyed := info.owned(); keyed {
 		h.owners.KeyAnswered(context.WithoutCancel(r.Context()), h.ownerStore, id, h.hereAddr(r))
 	}
+}
+
+// proofRecorder keeps the first bytes of a proof's answer, which may name
+// the user's login (WordPress's users/me with context=edit: username).
+type proofRecorder struct {
+	statusRecorder
+	body []byte
+}
+
+// proofAnswerMax is how much of a proof's answer is read for the login.
+const proofAnswerMax = 64 << 10
+
+func (w *proofRecorder) Write(b []byte) (int, error) {
+	w.statusRecorder.Write(b)
+	if room := proofAnswerMax - len(w.body); room > 0 {
+		w.body = append(w.body, b[:min(len(b), room)]...)
+	}
+	return len(b), nil
+}
+
+// login is the username the answer names, "" if it names none.
+func (w *proofRecorder) login() string {
+	var answer struct {
+		Username string `json:"username"`
+	}
+	if json.Unmarshal(w.body, &answer) != nil {
+		return ""
+	}
+	return answer.Username
 }
 
 // parseKeyProof reads key_proof: a path, with a query if wanted.

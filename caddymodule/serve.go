@@ -34,6 +34,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return next.ServeHTTP(w, r)
 		}
 		if h.Key != "" {
+			if err := h.learnLogin(r, next); err != nil {
+				publishNoSession(r)
+				return h.rejectWait(w, r, newRequestInfo(r, ""), err, nil)
+			}
 			if key := h.keyOf(r); key != "" {
 				return h.serveKeyed(w, r, next, key)
 			}
@@ -50,10 +54,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	idOwner, id := h.splitSessionID(ids[0])
 	info := newRequestInfo(r, id)
 	info.idOwner = idOwner
+	info.publish(r)
 	if h.Key != "" && r.Method != http.MethodGet {
+		if err := h.learnLogin(r, next); err != nil {
+			return h.rejectWait(w, r, info, err, nil)
+		}
 		info.line = h.keyOf(r)
 	}
-	info.publish(r)
 	if r.Method != http.MethodPost {
 		if forwarded, err := h.serveAtOwner(w, r, info, nil, nil); forwarded {
 			return err

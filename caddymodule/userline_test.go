@@ -72,7 +72,8 @@ func actingUser(r *http.Request) string {
 	if !ok || strings.HasPrefix(password, "wrong") {
 		return ""
 	}
-	return user
+	// A user may sign in by e-mail address, <login>@example.com.
+	return strings.TrimSuffix(user, "@example.com")
 }
 
 func (u *userLineUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -89,11 +90,12 @@ func (u *userLineUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		if actingUser(r) == "" {
+		user := actingUser(r)
+		if user == "" {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
-		io.WriteString(w, `{"id":1}`)
+		fmt.Fprintf(w, `{"id":1,"username":%q}`, user)
 		return
 	}
 	hold := r.Header.Get("X-Test-Hold") != ""
@@ -632,5 +634,28 @@ func TestALaterRequestWithAProvenPasswordDoesNotOvertakeAnEarlierOneInProof(t *t
 	}
 	if got, want := strings.Join(up.arrivals(sid), " "), "notifications/initialized prompts/list resources/list"; got != want {
 		t.Errorf("the session's requests reached the server as %q, want %q", got, want)
+	}
+}
+
+// WordPress takes a user name with an "@" as the user's e-mail address:
+// a client signing in that way is in the line of the user its proof
+// names, with the clients that sign in by login.
+func TestAUserSigningInByEmailSharesTheLineOfTheLogin(t *testing.T) {
+	up, addr := startUserLineUpstream(t)
+	c := startCaddy(t, userLineSite(addr, "\tqueue_timeout 10s\n"))
+	byLogin := sendAsyncAs(t, c.url, basic("alice", "pw-0"), "", rpcRequest("1", "tools/list"), "X-Test-Hold", "1")
+	up.awaitHeld(t)
+	byEmail := sendAsyncAs(t, c.url, basic("alice@example.com", "pw-1"), "", rpcRequest("2", "tools/list"))
+	// It waits behind the login's request, or, in a line of its own,
+	// reaches the server beside it.
+	wait.Until(t, "the e-mail's request waiting or served", func() bool { return c.waiting(t) == 1 || up.mostAtOnce("alice") == 2 })
+	up.releaseAll()
+	for _, done := range []<-chan int{byLogin, byEmail} {
+		if status := <-done; status != http.StatusOK {
+			t.Errorf("status %d", status)
+		}
+	}
+	if n := up.mostAtOnce("alice"); n != 1 {
+		t.Errorf("the upstream ran %d of alice's requests at once, by login and by e-mail, want 1", n)
 	}
 }

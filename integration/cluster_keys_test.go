@@ -160,7 +160,8 @@ func TestClusterRoundRobinRunsCallsOnOneHandleOneAtATime(t *testing.T) {
 // instance that owns the user's key, which also tells its passwords
 // proven, and no session is lost. Without state, behind a front that
 // hashes Mcp-Session-Id, each instance orders only the sessions it holds,
-// and sessions are lost.
+// and sessions are lost. A client signing in by e-mail address is in its
+// user's line too.
 func TestClusterRoundRobinKeepsEverySessionOfAUserKeyedOnTheCredential(t *testing.T) {
 	prerequisites(t)
 	requireModule(t, redisStateModule)
@@ -172,6 +173,9 @@ func TestClusterRoundRobinKeepsEverySessionOfAUserKeyedOnTheCredential(t *testin
 	t.Setenv("MCP_TEST_KEY_SECRET", "cluster-test-secret")
 	c := startCluster(t, clusterOptions{State: state, Key: key, KeySecret: "{env.MCP_TEST_KEY_SECRET}", Balancer: caddyRoundRobin})
 	wantNoSessionLost(t, "order owner", connectUsers(t, "order owner", c.Front+"/user-mcp", 10, "distinct"))
+	// One client of each user signs in by e-mail address: every instance
+	// learns the login from the proof before it routes the user's line.
+	wantNoSessionLost(t, "order owner, by e-mail", connectUsers(t, "order owner, by e-mail", c.Front+"/user-mcp", 10, "distinct", "--email-client"))
 	t.Logf("order owner: forwards %v", nonZero(c.metrics(t, "caddy_mcp_serializer_forwards_total")))
 	if errs := nonZero(c.stateErrors(t)); len(errs) != 0 {
 		t.Errorf("failed state calls: %v", errs)

@@ -33,11 +33,12 @@ func (r usersResult) summary() string {
 // connectUsers runs the client's users mode at url: rounds of 4 clients of
 // each of 2 users at once, with the passwords given ("shared" or
 // "distinct"). It fails the test if the client could not run them all.
-func connectUsers(t *testing.T, label, url string, rounds int, passwords string) usersResult {
+func connectUsers(t *testing.T, label, url string, rounds int, passwords string, extra ...string) usersResult {
 	t.Helper()
 	var res usersResult
-	runClient(t, 5*time.Minute, &res, "users", "--url", url, "--rounds", strconv.Itoa(rounds), "--users", "2", "--clients", "4",
-		"--passwords", passwords, "--timeout", "10000")
+	args := append([]string{"users", "--url", url, "--rounds", strconv.Itoa(rounds), "--users", "2", "--clients", "4",
+		"--passwords", passwords, "--timeout", "10000"}, extra...)
+	runClient(t, 5*time.Minute, &res, args...)
 	t.Logf("%s: %s", label, res.summary())
 	logSamples(t, res.Samples)
 	if res.Error != "" {
@@ -99,16 +100,18 @@ func TestSessionsOfOneUserAreLostUnlessTheKeyIsTheirCredential(t *testing.T) {
 func TestEveryPasswordOfAUserSharesItsLineWithKeyBasicUser(t *testing.T) {
 	prerequisites(t)
 	fpm := startPHPFPM(t, phpFPMOptions{})
-	run := func(label, key string) usersResult {
+	run := func(label, key string, extra ...string) usersResult {
 		base := startCaddy(t, caddySite("\tmcp_serializer {\n\t\tkey "+key+"\n\t}\n"+userSessionsBackend(fpm)))
-		return connectUsers(t, label, base+"/user-mcp", 10, "distinct")
+		return connectUsers(t, label, base+"/user-mcp", 10, "distinct", extra...)
 	}
 	byHeader := run("key on the Authorization header", "{http.request.header.Authorization}")
 	byUser := run("key basic_user", "basic_user")
+	byEmail := run("key basic_user, one client of each user by e-mail", "basic_user", "--email-client")
 	if byHeader.LostSessions == 0 {
 		t.Errorf("keyed on the Authorization header, no session lost: the race between one user's passwords is not reproduced")
 	}
 	wantNoSessionLost(t, "key basic_user", byUser)
+	wantNoSessionLost(t, "key basic_user, one client by e-mail", byEmail)
 }
 
 // stranger plays someone who knows only a user's name: it keeps slowBodies
@@ -198,14 +201,15 @@ func (s *stranger) end() {
 // With key basic_user, a stranger who knows only a user's name, keeping
 // four slow bodies with wrong passwords open and flooding wrong-password
 // initialize requests from four threads, costs the user's clients (4 of
-// each of 2 users, a password each) no session: a credential joins the
-// user's line only once the PHP app accepted it at key_proof.
+// each of 2 users, a password each, one signing in by e-mail) no session:
+// a credential joins the user's line only once the PHP app accepted it at
+// key_proof.
 func TestAStrangerWhoKnowsOnlyAUsersNameLosesTheUserNoSession(t *testing.T) {
 	prerequisites(t)
 	fpm := startPHPFPM(t, phpFPMOptions{Workers: 16})
 	caddy := runCaddy(t, caddySite("\tmetrics /metrics\n\tmcp_serializer {\n\t\tkey basic_user\n\t\tmax_body 1KB\n\t}\n"+userSessionsBackend(fpm)))
 	url := caddy.URL + "/user-mcp"
-	quiet := connectUsers(t, "key basic_user, no stranger", url, 5, "distinct")
+	quiet := connectUsers(t, "key basic_user, no stranger", url, 5, "distinct", "--email-client")
 	wantNoSessionLost(t, "no stranger", quiet)
 
 	s := startStranger(t, url, "user0", 4, 4)
@@ -219,7 +223,7 @@ func TestAStrangerWhoKnowsOnlyAUsersNameLosesTheUserNoSession(t *testing.T) {
 			t.Fatalf("within 30 s, the stranger sent %d flood requests", s.sent.Load())
 		}
 	}
-	attacked := connectUsers(t, "key basic_user, beside the stranger", url, 5, "distinct")
+	attacked := connectUsers(t, "key basic_user, beside the stranger", url, 5, "distinct", "--email-client")
 	flood := s.answered.Load()
 	s.end()
 	wantNoSessionLost(t, "beside the stranger", attacked)

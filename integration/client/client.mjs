@@ -84,7 +84,8 @@
 //   prompts/list and resources/list at once, then tools/list again, then
 //   DELETE. A session is lost when a request of it is answered 404 ("Session
 //   not found"): the server dropped it while the client still had it.
-//   Counts lost sessions and other failures. `--passwords distinct` gives
+//   Counts lost sessions and other failures. `--email-client` signs client
+//   0 of each user in by e-mail address (<user>@example.test). `--passwords distinct` gives
 //   each client of a user a password of its own (as WordPress's Application
 //   Passwords are made, one per client); `shared` (the default), one.
 
@@ -123,6 +124,7 @@ function parseArgs(argv) {
       case '--users': opts.users = Number.parseInt(next(), 10); break;
       case '--clients': opts.clients = Number.parseInt(next(), 10); break;
       case '--passwords': opts.passwords = next(); break;
+      case '--email-client': opts.emailClient = true; break;
       case '--hold-at': opts.holdAt = next().split(',').map((k) => Number.parseInt(k, 10)); break;
       default: throw new Error(`unknown argument ${arg}`);
     }
@@ -849,7 +851,9 @@ async function inflight(opts) {
 async function userSession(opts, run, user, clientIndex) {
   const stats = { exchanges: [] };
   const password = opts.passwords === 'distinct' ? `password-${clientIndex}` : 'password';
-  const authorization = `Basic ${Buffer.from(`${user}:${password}`).toString('base64')}`;
+  // With --email-client, client 0 signs in by the user's e-mail address.
+  const name = opts.emailClient && clientIndex === 0 ? `${user}@example.test` : user;
+  const authorization = `Basic ${Buffer.from(`${name}:${password}`).toString('base64')}`;
   const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
     fetch: recordingFetch(stats, { skipGet: true }),
     requestInit: { headers: { Authorization: authorization } },

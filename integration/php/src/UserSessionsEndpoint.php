@@ -54,7 +54,7 @@ final class UserSessionsEndpoint
             return;
         }
         header('Content-Type: application/json');
-        echo json_encode(['id' => crc32($user), 'name' => $user]);
+        echo json_encode(['id' => crc32($user), 'username' => $user]);
     }
 
     private function post(string $user, string $sessionId): void
@@ -167,6 +167,11 @@ final class UserSessionsEndpoint
             return null;
         }
         $name = explode(':', $decoded, 2)[0];
+        // A user may sign in by e-mail address, <login>@example.test, as
+        // WordPress allows; the record is the login's either way.
+        if (str_ends_with($name, '@example.test')) {
+            $name = substr($name, 0, -strlen('@example.test'));
+        }
         return $name === '' ? null : $name;
     }
 
