@@ -432,15 +432,7 @@ func TestAnInstanceWhoseKeySecretDiffersFromTheRecordedOneSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait.Until(t, "key_secret_differs", func() bool { return differs() == 1 })
-	req, _ := http.NewRequest(http.MethodPost, in.a, strings.NewReader(rpcRequest("1", "tools/list")))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-User", "alice")
-	resp, err := do(http.DefaultClient, req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Errorf("a keyed request at the instance that differs: status %d, want 200 (it says so; it does not refuse)", resp.StatusCode)
+	if status := statusOf(send(t, in.a, "", "", rpcRequest("1", "tools/list"), "X-User", "alice")); status != http.StatusOK {
+		t.Errorf("a keyed request at the instance that differs: status %d, want 200 (it says so; it does not refuse)", status)
 	}
 }

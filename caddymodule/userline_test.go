@@ -202,10 +202,9 @@ func (u *userLineUpstream) arrivals(sid string) []string {
 	return append([]string(nil), u.order[sid]...)
 }
 
-// send posts body as credential (an Authorization header) in session sid
-// ("" for none), with extra headers, and returns the status.
-func send(t *testing.T, url, credential, sid, body string, extra ...string) *http.Response {
-	t.Helper()
+// credentialRequest is a POST of body as credential (an Authorization
+// header) in session sid ("" for none), with extra headers (name, value).
+func credentialRequest(url, credential, sid, body string, extra ...string) *http.Request {
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
@@ -216,28 +215,24 @@ func send(t *testing.T, url, credential, sid, body string, extra ...string) *htt
 	for i := 0; i+1 < len(extra); i += 2 {
 		req.Header.Set(extra[i], extra[i+1])
 	}
-	resp, err := do(http.DefaultClient, req)
+	return req
+}
+
+// send posts credentialRequest and returns the response.
+func send(t *testing.T, url, credential, sid, body string, extra ...string) *http.Response {
+	t.Helper()
+	resp, err := do(http.DefaultClient, credentialRequest(url, credential, sid, body, extra...))
 	if err != nil {
 		t.Fatalf("POST %.40s: %v", body, err)
 	}
 	return resp
 }
 
-// sendAsyncAs is send in the background.
+// sendAsyncAs is send in the background, returning the status (0 for none).
 func sendAsyncAs(t *testing.T, url, credential, sid, body string, extra ...string) <-chan int {
 	done := make(chan int, 1)
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		req.Header.Set("Authorization", credential)
-		if sid != "" {
-			req.Header.Set("Mcp-Session-Id", sid)
-		}
-		for i := 0; i+1 < len(extra); i += 2 {
-			req.Header.Set(extra[i], extra[i+1])
-		}
-		resp, err := do(http.DefaultClient, req)
+		resp, err := do(http.DefaultClient, credentialRequest(url, credential, sid, body, extra...))
 		if err != nil {
 			done <- 0
 			return
