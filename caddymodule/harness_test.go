@@ -112,15 +112,28 @@ func (c *testCaddy) awaitWaiting(t *testing.T, n int) {
 // session table, as the admin endpoint counts them.
 func (c *testCaddy) waiting(t *testing.T) int {
 	t.Helper()
+	return c.count(t, "waiting_requests")
+}
+
+// initializing returns how many sessions wait for initialized, over
+// every session table, as the admin endpoint counts them.
+func (c *testCaddy) initializing(t *testing.T) int {
+	t.Helper()
+	return c.count(t, "initializing")
+}
+
+// count sums one of the admin endpoint's counts over every table.
+func (c *testCaddy) count(t *testing.T, name string) int {
+	t.Helper()
 	_, _, v := adminRequest(t, http.MethodGet, c.admin+"/mcp_serializer/sessions")
 	tables, _ := v["tables"].([]any)
-	waiting := 0
+	sum := 0
 	for _, tb := range tables {
 		counts, _ := tb.(map[string]any)["counts"].(map[string]any)
-		w, _ := counts["waiting_requests"].(float64)
-		waiting += int(w)
+		n, _ := counts[name].(float64)
+		sum += int(n)
 	}
-	return waiting
+	return sum
 }
 
 // metric reads one series of the module's metrics on the admin endpoint,

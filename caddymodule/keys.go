@@ -87,7 +87,7 @@ func (h *Handler) keyOf(r *http.Request) string {
 			return ""
 		}
 		// The login the server named when it accepted these credentials:
-		// an e-mail address's user (learnLogin).
+		// an e-mail address's user (loginPending).
 		if h.proofs != nil {
 			if login, _ := h.proofs.login(h.proofKey(r), time.Now()); login != "" {
 				user = wordpressLogin(login)

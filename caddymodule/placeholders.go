@@ -41,6 +41,7 @@ type requestInfo struct {
 	sessionID       string // the session (the upstream's id), or the key's queue when keyed
 	idOwner         string // the instance the client's Mcp-Session-Id names (order owner), "" for none
 	line            string // a session's request with a key: the key's queue, which it also waits in
+	linePending     bool   // its key is known only once its credential is proven (learned at admission)
 	method          serializer.Method
 	protocolVersion string // as the client sent it
 	waited          time.Duration

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -160,6 +161,8 @@ func (p *proofs) settle(cred string, call *proofCall, v verdict, now, acceptedUn
 		delete(p.logins, keep(p.accepted, cred, acceptedUntil, p.max))
 		if call.login != "" {
 			p.logins[cred] = call.login
+		} else {
+			delete(p.logins, cred)
 		}
 	case verdictRefused:
 		keep(p.refused, cred, now.Add(refusedFor), p.max)
@@ -193,13 +196,20 @@ func (p *proofs) len() int {
 
 // admission is, with key basic_user, what decides whether a request of
 // line, its user's, joins it (serializer.Line's Admit): only once its
-// credential is proven. Any other request joins its line as it is.
-func (h *Handler) admission(r *http.Request, next caddyhttp.Handler, line string) serializer.Line {
-	if h.Key != keyBasicUser || line == "" {
+// credential is proven, and, when its line is pending (loginPending), the
+// line of the login its proof named. Any other request joins its line as
+// it is.
+func (h *Handler) admission(r *http.Request, next caddyhttp.Handler, line string, pending bool) serializer.Line {
+	if h.Key != keyBasicUser || (line == "" && !pending) {
 		return serializer.Line{Key: line}
 	}
-	return serializer.Line{Key: line, Admit: func(ctx context.Context) (bool, error) {
-		return h.prove(ctx, r, next, line)
+	return serializer.Line{Key: line, Admit: func(ctx context.Context) (string, error) {
+		// A pending line's proofs wait in the queue of the name as sent.
+		proven, err := h.prove(ctx, r, next, h.keyOf(r))
+		if err != nil || !proven {
+			return "", err
+		}
+		return h.keyOf(r), nil
 	}}
 }
 
@@ -257,26 +267,21 @@ func (h *Handler) proofKey(r *http.Request) string {
 	return h.hashKey(h.keyProof.String() + " " + provenSpelling(r))
 }
 
-// learnLogin proves, before r's line is known, credentials that sign in
-// by e-mail address: WordPress takes a user name with an "@" that names no
-// login as the user's e-mail, and the proof's answer names the login, so
-// that the user's line is one whichever way each client signs in
-// (keyOf). Other credentials need nothing: their name is their login.
-func (h *Handler) learnLogin(r *http.Request, next caddyhttp.Handler) error {
+// loginPending reports, with key basic_user, credentials whose line is
+// known only once they are proven: WordPress takes a user name with an
+// "@" that names no login as an e-mail address, and the proof's answer
+// names the login (keyOf), so that the user's line is one whichever way
+// each client signs in. Other names are their login.
+func (h *Handler) loginPending(r *http.Request) bool {
 	if h.Key != keyBasicUser {
-		return nil
+		return false
 	}
 	user, ok := basicUser(phpAuthorization(r))
 	if !ok || !strings.Contains(user, "@") {
-		return nil
+		return false
 	}
-	if _, known := h.proofs.login(h.proofKey(r), time.Now()); known {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), h.settings.QueueTimeout)
-	defer cancel()
-	_, err := h.prove(ctx, r, next, h.nameLine(wordpressLogin(user)))
-	return err
+	_, known := h.proofs.login(h.proofKey(r), time.Now())
+	return !known
 }
 
 // proofRequest is the GET of key_proof that proves r's credentials: the
@@ -356,7 +361,11 @@ func (h *Handler) sendProof(proof *http.Request, vars map[string]any, next caddy
 		v = verdictTimeout
 	case status >= 200 && status <= 299:
 		v = verdictAccepted
-		call.login = rec.login()
+		if call.login = rec.login(); call.login == "" {
+			if user, _ := basicUser(phpAuthorization(proof)); strings.Contains(user, "@") {
+				h.warnNoLogin()
+			}
+		}
 	case status == http.StatusUnauthorized:
 		v = verdictRefused
 	}
@@ -390,6 +399,18 @@ func (h *Handler) warnUndecided(status int) {
 		h.logger.Warn("key basic_user: the MCP server answered a credential's proof (key_proof) with neither 2xx nor 401; "+
 			"the request was answered 503; check that key_proof names a route that answers a right credential with 2xx",
 			zap.String("key_proof", h.keyProof.String()), zap.Int("status", status), zap.Int("suppressed", suppressed))
+	}
+}
+
+// noLoginWarns spaces the WARNs of proofs that name no login for a
+// client signing in by e-mail.
+var noLoginWarns warnlimit.Limiter
+
+func (h *Handler) warnNoLogin() {
+	if ok, suppressed := noLoginWarns.Allow(time.Now()); ok {
+		h.logger.Warn("key basic_user: key_proof accepted a client signing in by e-mail address but named no username in its JSON answer; "+
+			"that client gets a line of its own, beside its user's other clients; WordPress names it at /wp-json/wp/v2/users/me?context=edit",
+			zap.String("key_proof", h.keyProof.String()), zap.Int("suppressed", suppressed))
 	}
 }
 
@@ -434,15 +455,33 @@ func (w *proofRecorder) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// login is the username the answer names, "" if it names none.
+// login is the username the answer's object names at its top level, ""
+// if it names none within proofAnswerMax. It reads token by token, so
+// that a long profile after it (a description, fields plugins add) does
+// not hide it.
 func (w *proofRecorder) login() string {
-	var answer struct {
-		Username string `json:"username"`
-	}
-	if json.Unmarshal(w.body, &answer) != nil {
+	dec := json.NewDecoder(bytes.NewReader(w.body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return ""
 	}
-	return answer.Username
+	for dec.More() {
+		name, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		if name == "username" {
+			var login string
+			if dec.Decode(&login) != nil {
+				return ""
+			}
+			return login
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return ""
+		}
+	}
+	return ""
 }
 
 // parseKeyProof reads key_proof: a path, with a query if wanted.

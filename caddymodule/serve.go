@@ -34,10 +34,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return next.ServeHTTP(w, r)
 		}
 		if h.Key != "" {
-			if err := h.learnLogin(r, next); err != nil {
-				publishNoSession(r)
-				return h.rejectWait(w, r, newRequestInfo(r, ""), err, nil)
-			}
 			if key := h.keyOf(r); key != "" {
 				return h.serveKeyed(w, r, next, key)
 			}
@@ -56,10 +52,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	info.idOwner = idOwner
 	info.publish(r)
 	if h.Key != "" && r.Method != http.MethodGet {
-		if err := h.learnLogin(r, next); err != nil {
-			return h.rejectWait(w, r, info, err, nil)
+		// A user signing in by e-mail, whose login this instance has not
+		// learned, is routed by its session; its line is known once it
+		// is proven, after its session's turn (admission).
+		if info.linePending = h.loginPending(r); !info.linePending {
+			info.line = h.keyOf(r)
 		}
-		info.line = h.keyOf(r)
 	}
 	if r.Method != http.MethodPost {
 		if forwarded, err := h.serveAtOwner(w, r, info, nil, nil); forwarded {
@@ -146,20 +144,33 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 	if !initialize {
 		info.publish(r)
 	}
+	start := time.Now()
+	if h.loginPending(r) {
+		// Its key, the user's line, is known once the credential is
+		// proven: before the key's owner can be found.
+		ctx, cancel := context.WithTimeout(r.Context(), h.settings.QueueTimeout)
+		_, err := h.prove(ctx, r, next, key)
+		cancel()
+		if err != nil {
+			publishNoSession(r)
+			return h.rejectWait(w, r, info, err, body.id)
+		}
+		info.sessionID = h.keyOf(r)
+	}
+	info.proofWaited = time.Since(start)
 	if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
 		return err
 	}
-	if admit := h.admission(r, next, key).Admit; admit != nil {
-		start := time.Now()
-		ctx, cancel := context.WithTimeout(r.Context(), h.settings.QueueTimeout)
-		admitted, err := admit(ctx)
+	if admit := h.admission(r, next, info.sessionID, false).Admit; admit != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), h.settings.QueueTimeout-info.proofWaited)
+		line, err := admit(ctx)
 		cancel()
 		info.proofWaited = time.Since(start)
 		if err != nil {
 			publishNoSession(r)
 			return h.rejectWait(w, r, info, err, body.id)
 		}
-		if !admitted {
+		if line == "" {
 			return h.serveSessionless(w, r, next)
 		}
 	}
@@ -234,7 +245,7 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	if info.keyed {
 		turn, err = h.table.AcquireKeyedAfter(r.Context(), info.sessionID, traits, info.proofWaited)
 	} else {
-		turn, err = h.acquire(r, info.sessionID, h.admission(r, next, info.line), traits, ew)
+		turn, err = h.acquire(r, info.sessionID, h.admission(r, next, info.line, info.linePending), traits, ew)
 	}
 	info.waited, info.held = turn.Waited(), turn.Held()
 	if err != nil {

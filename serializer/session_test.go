@@ -891,7 +891,7 @@ func TestAnOvertakerLeavingAtItsGrantFreesTheLineItWasLeft(t *testing.T) {
 }
 
 // admitAsync starts an AcquireInLine whose admission is decided by admit.
-func admitAsync(tab *Table, id, line string, traits Traits, admit func(context.Context) (bool, error)) <-chan result {
+func admitAsync(tab *Table, id, line string, traits Traits, admit func(context.Context) (string, error)) <-chan result {
 	ch := make(chan result, 1)
 	go func() {
 		turn, err := tab.AcquireInLine(bg, id, Line{Key: line, Admit: admit}, traits, nil)
@@ -907,8 +907,8 @@ func TestALinesAdmissionIsAskedOnceTheSessionsTurnIsHeld(t *testing.T) {
 	tab, _ := newTestTable(t, nil)
 	first := mustGet(t, inLineAsync(t, tab, "a", "", 0))
 	asked := make(chan struct{})
-	decide := make(chan bool)
-	admit := func(context.Context) (bool, error) { close(asked); return <-decide, nil }
+	decide := make(chan string)
+	admit := func(context.Context) (string, error) { close(asked); return <-decide, nil }
 	second := admitAsync(tab, "a", "key user", 0, admit)
 	eventually(t, func() bool { return waitingCount(tab, "a") == 1 })
 	select {
@@ -919,7 +919,7 @@ func TestALinesAdmissionIsAskedOnceTheSessionsTurnIsHeld(t *testing.T) {
 	first.turn.Done(200)
 	<-asked
 	third := inLineAsync(t, tab, "a", "key user", 0)
-	decide <- true
+	decide <- "key user"
 	mustGet(t, second).turn.Done(200)
 	mustGet(t, third).turn.Done(200)
 }
@@ -929,7 +929,7 @@ func TestALinesAdmissionIsAskedOnceTheSessionsTurnIsHeld(t *testing.T) {
 func TestARequestRefusedAdmissionGoesWithoutTheLine(t *testing.T) {
 	tab, _ := newTestTable(t, nil)
 	holder := mustGet(t, inLineAsync(t, tab, "a", "key user", 0))
-	refused := mustGet(t, admitAsync(tab, "b", "key user", 0, func(context.Context) (bool, error) { return false, nil }))
+	refused := mustGet(t, admitAsync(tab, "b", "key user", 0, func(context.Context) (string, error) { return "", nil }))
 	if refused.err != nil {
 		t.Fatal(refused.err)
 	}
@@ -947,11 +947,11 @@ func TestARequestRefusedAdmissionGoesWithoutTheLine(t *testing.T) {
 func TestAFailedAdmissionGivesTheSessionsTurnBack(t *testing.T) {
 	tab, _ := newTestTable(t, func(c *Config) { c.QueueTimeout = 50 * time.Millisecond })
 	failed := errors.New("undecided")
-	r := mustGet(t, admitAsync(tab, "a", "key user", 0, func(context.Context) (bool, error) { return false, failed }))
+	r := mustGet(t, admitAsync(tab, "a", "key user", 0, func(context.Context) (string, error) { return "", failed }))
 	if !errors.Is(r.err, failed) {
 		t.Fatalf("err = %v, want the admission's", r.err)
 	}
-	r = mustGet(t, admitAsync(tab, "a", "key user", 0, func(ctx context.Context) (bool, error) { <-ctx.Done(); return false, ctx.Err() }))
+	r = mustGet(t, admitAsync(tab, "a", "key user", 0, func(ctx context.Context) (string, error) { <-ctx.Done(); return "", ctx.Err() }))
 	if !errors.Is(r.err, ErrQueueTimeout) {
 		t.Fatalf("err = %v, want ErrQueueTimeout", r.err)
 	}
@@ -964,9 +964,9 @@ func TestAnOvertakingReplyIsNotAskedForAdmission(t *testing.T) {
 	tab, _ := newTestTable(t, nil)
 	stream := mustGet(t, inLineAsync(t, tab, "a", "key user", 0))
 	stream.turn.Streaming()
-	reply := mustGet(t, admitAsync(tab, "a", "key user", RepliesOnly, func(context.Context) (bool, error) {
+	reply := mustGet(t, admitAsync(tab, "a", "key user", RepliesOnly, func(context.Context) (string, error) {
 		t.Error("a reply was asked for admission")
-		return false, nil
+		return "", nil
 	}))
 	if reply.err != nil || !reply.turn.Overtook() {
 		t.Fatalf("the reply did not overtake: %v", reply.err)
@@ -1031,4 +1031,16 @@ func TestAKeyedRequestAfterItsProofWaitsWhatIsLeftOfQueueTimeout(t *testing.T) {
 	mustWait(t, fresh)
 	holder.Done(200)
 	mustGet(t, fresh).turn.Done(200)
+}
+
+// Admission may name the line the request joins, known only once it is
+// decided (a user signing in by e-mail, whose login its proof names):
+// the request waits in that line.
+func TestAdmissionNamesTheLineTheRequestJoins(t *testing.T) {
+	tab, _ := newTestTable(t, nil)
+	holder := mustGet(t, inLineAsync(t, tab, "a", "key alice", 0))
+	named := admitAsync(tab, "b", "", 0, func(context.Context) (string, error) { return "key alice", nil })
+	mustWait(t, named)
+	holder.turn.Done(200)
+	mustGet(t, named).turn.Done(200)
 }

@@ -130,13 +130,14 @@ func (t *Table) AcquireFrom(ctx context.Context, id string, traits Traits, src S
 // sessions share, so that they go upstream one at a time: a backend may
 // keep all of a user's sessions in one record.
 type Line struct {
-	Key string // "" for none
-	// Admit, if set, decides whether the request joins the line at all,
-	// once its session's turn has come: a credential the backend
-	// refused joins no line, so that nobody holds a user's line with a
-	// name alone. Its wait counts against QueueTimeout through ctx's
-	// deadline, but not in the turn's Waited.
-	Admit func(ctx context.Context) (bool, error)
+	Key string // "" for none, unless Admit names one
+	// Admit, if set, decides, once the request's session's turn has
+	// come, which line it joins instead of Key ("" for none): a
+	// credential the backend refused joins no line, so that nobody holds
+	// a user's line with a name alone, and one whose user is known only
+	// once it is proven joins that user's. Its wait counts against
+	// QueueTimeout through ctx's deadline, but not in the turn's Waited.
+	Admit func(ctx context.Context) (key string, err error)
 }
 
 // AcquireInLine is AcquireFrom for a request that also waits in line. The
@@ -159,7 +160,7 @@ func (t *Table) takeTurn(ctx context.Context, s *Session, line Line, traits Trai
 		s.unref()
 		return turn, err
 	}
-	if line.Key != "" && !turn.overtake {
+	if (line.Key != "" || line.Admit != nil) && !turn.overtake {
 		if turn, err = t.joinLine(ctx, turn, line, cfg.QueueTimeout-spent); err != nil {
 			return turn, err
 		}
@@ -176,7 +177,7 @@ func (t *Table) joinLine(ctx context.Context, turn Turn, line Line, wait time.Du
 	if line.Admit != nil {
 		start := t.clock.Now()
 		admitCtx, cancel := context.WithTimeout(ctx, wait)
-		admitted, err := line.Admit(admitCtx)
+		key, err := line.Admit(admitCtx)
 		cancel()
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
@@ -185,7 +186,7 @@ func (t *Table) joinLine(ctx context.Context, turn Turn, line Line, wait time.Du
 			turn.giveBack()
 			return Turn{waited: turn.waited, held: turn.held}, err
 		}
-		if !admitted {
+		if line.Key = key; key == "" {
 			return turn, nil
 		}
 		wait -= t.clock.Now().Sub(start)
