@@ -121,7 +121,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 			"this instance does not serve this MCP session: the instance that forwarded the request reads its owner again", reqID)
 	}
 	here := h.hereAddr(r)
-	deadline := time.Now().Add(h.settings.QueueTimeout)
+	deadline := time.Now().Add(h.settings.QueueTimeout - info.proofWaited)
 	unread := raw == nil && r.Body != nil && r.Body != http.NoBody
 	sent := false // an unread body went out and is gone
 	for {

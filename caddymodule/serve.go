@@ -144,7 +144,7 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 	if !initialize {
 		info.publish(r)
 	}
-	start := time.Now()
+	start := h.table.Now()
 	if h.loginPending(r) {
 		// Its key, the user's line, is known once the credential is
 		// proven: before the key's owner can be found.
@@ -157,7 +157,7 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 		}
 		info.sessionID = h.keyOf(r)
 	}
-	info.proofWaited = time.Since(start)
+	info.proofWaited = h.table.Now().Sub(start)
 	if forwarded, err := h.serveAtOwner(w, r, info, body.raw, body.id); forwarded {
 		return err
 	}
@@ -165,7 +165,7 @@ func (h *Handler) serveKeyed(w http.ResponseWriter, r *http.Request, next caddyh
 		ctx, cancel := context.WithTimeout(r.Context(), h.settings.QueueTimeout-info.proofWaited)
 		line, err := admit(ctx)
 		cancel()
-		info.proofWaited = time.Since(start)
+		info.proofWaited = h.table.Now().Sub(start)
 		if err != nil {
 			publishNoSession(r)
 			return h.rejectWait(w, r, info, err, body.id)

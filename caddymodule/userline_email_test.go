@@ -66,8 +66,11 @@ func TestAnEmailSessionsRequestGoesUnprovenToItsOwner(t *testing.T) {
 // known. The table runs on a hand-moved clock: 40 s of proof queue, then
 // 40 s in the line, of 60 s.
 func TestAnEmailRequestsProofCountsAgainstItsQueueTimeout(t *testing.T) {
-	for _, name := range []string{"alice", "alice@example.com"} {
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct{ name, late string }{
+		{"alice", "session"}, {"alice@example.com", "session"}, {"alice", "sessionless"}, {"alice@example.com", "sessionless"},
+	} {
+		name := tc.name
+		t.Run(name+" "+tc.late, func(t *testing.T) {
 			clock := testclock.New()
 			caddymodule.UseTableClock(t, clock)
 			up, addr := startUserLineUpstream(t)
@@ -82,6 +85,9 @@ func TestAnEmailRequestsProofCountsAgainstItsQueueTimeout(t *testing.T) {
 			// Another new password of the same name holds the name's proof queue.
 			blocker := sendAsyncAs(t, c.url, basic(name, "pw-9"), "", rpcRequest("8", "tools/list"))
 			wait.Until(t, "the blocker's proof sent", func() bool { return up.proofs.Load() == before+1 })
+			if tc.late == "sessionless" {
+				sid = ""
+			}
 			late := sendAsyncAs(t, c.url, basic(name, "pw-1"), sid, rpcRequest("2", "prompts/list"))
 			c.awaitWaiting(t, 1) // its proof waits in the user's proof queue
 			clock.Advance(40_000_000_000)

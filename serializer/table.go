@@ -221,6 +221,10 @@ func (t *Table) AcquireKeyedAfter(ctx context.Context, key string, traits Traits
 	return t.takeTurn(ctx, t.refKey(key), Line{}, traits, nil, spent)
 }
 
+// Now is the time on the table's clock, which its waits are timed by: a
+// caller that waits before them times its wait by it too.
+func (t *Table) Now() time.Time { return t.clock.Now() }
+
 // AcquireAside is AcquireKeyed for work the caller does beside the
 // requests, such as proving a credential before its requests join a
 // line: its wait is not a request's, and Events do not see it.
