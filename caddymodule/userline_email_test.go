@@ -14,32 +14,6 @@ import (
 	"github.com/mcpserializer/caddy-mcp-serializer/internal/wait"
 )
 
-// A session's request signing in by e-mail is proven after its session's
-// turn, as any: a later request of the session with a proven credential
-// does not reach the server before it.
-func TestALaterRequestDoesNotOvertakeAnEarlierEmailOneInProof(t *testing.T) {
-	up, addr := startUserLineUpstream(t)
-	c := startCaddy(t, userLineSite(addr, "\tqueue_timeout 10s\n"))
-	proven := basic("alice@example.com", "pw-0")
-	sid := openSession(t, c.url, proven)
-	releaseProofs := sync.OnceFunc(up.holdProofs())
-	defer releaseProofs()
-	before := up.proofs.Load()
-	first := sendAsyncAs(t, c.url, basic("alice@example.com", "pw-1"), sid, rpcRequest("2", "prompts/list"))
-	wait.Until(t, "the first request's proof sent", func() bool { return up.proofs.Load() == before+1 })
-	second := sendAsyncAs(t, c.url, proven, sid, rpcRequest("3", "resources/list"))
-	wait.Until(t, "the second request waiting or served", func() bool { return c.waiting(t) == 1 || len(up.arrivals(sid)) == 2 })
-	releaseProofs()
-	for _, done := range []<-chan int{first, second} {
-		if status := <-done; status != http.StatusOK {
-			t.Errorf("status %d", status)
-		}
-	}
-	if got, want := strings.Join(up.arrivals(sid), " "), "notifications/initialized prompts/list resources/list"; got != want {
-		t.Errorf("the session's requests reached the server as %q, want %q", got, want)
-	}
-}
-
 // Behind a round-robin front, an instance that has not met a credential
 // signing in by e-mail does not prove it before it forwards the session's
 // request: it is routed by its session, and its owner, which knows the

@@ -607,28 +607,33 @@ func TestAProofIsCalledOffOnceItsRequestsHaveLeft(t *testing.T) {
 }
 
 // A later request of a session whose credential is proven does not reach
-// the server before an earlier one whose proof is still on its way.
+// the server before an earlier one whose proof is still on its way, by
+// login or by e-mail.
 func TestALaterRequestWithAProvenPasswordDoesNotOvertakeAnEarlierOneInProof(t *testing.T) {
-	up, addr := startUserLineUpstream(t)
-	c := startCaddy(t, userLineSite(addr, "\tqueue_timeout 10s\n"))
-	proven := basic("alice", "pw-0")
-	sid := openSession(t, c.url, proven)
-	releaseProofs := up.holdProofs()
-	proofsBefore := up.proofs.Load()
-	first := sendAsyncAs(t, c.url, basic("alice", "pw-1"), sid, rpcRequest("2", "prompts/list"))
-	wait.Until(t, "the first request's proof sent", func() bool { return up.proofs.Load() == proofsBefore+1 })
-	second := sendAsyncAs(t, c.url, proven, sid, rpcRequest("3", "resources/list"))
-	// The second either waits behind the first or, were the proof before
-	// the session's turn, reaches the server first.
-	wait.Until(t, "the second request waiting or served", func() bool { return c.waiting(t) == 1 || len(up.arrivals(sid)) == 2 })
-	releaseProofs()
-	for _, done := range []<-chan int{first, second} {
-		if status := <-done; status != http.StatusOK {
-			t.Errorf("status %d", status)
-		}
-	}
-	if got, want := strings.Join(up.arrivals(sid), " "), "notifications/initialized prompts/list resources/list"; got != want {
-		t.Errorf("the session's requests reached the server as %q, want %q", got, want)
+	for _, name := range []string{"alice", "alice@example.com"} { // by login, by e-mail
+		t.Run(name, func(t *testing.T) {
+			up, addr := startUserLineUpstream(t)
+			c := startCaddy(t, userLineSite(addr, "\tqueue_timeout 10s\n"))
+			proven := basic(name, "pw-0")
+			sid := openSession(t, c.url, proven)
+			releaseProofs := up.holdProofs()
+			proofsBefore := up.proofs.Load()
+			first := sendAsyncAs(t, c.url, basic(name, "pw-1"), sid, rpcRequest("2", "prompts/list"))
+			wait.Until(t, "the first request's proof sent", func() bool { return up.proofs.Load() == proofsBefore+1 })
+			second := sendAsyncAs(t, c.url, proven, sid, rpcRequest("3", "resources/list"))
+			// The second either waits behind the first or, were the proof
+			// before the session's turn, reaches the server first.
+			wait.Until(t, "the second request waiting or served", func() bool { return c.waiting(t) == 1 || len(up.arrivals(sid)) == 2 })
+			releaseProofs()
+			for _, done := range []<-chan int{first, second} {
+				if status := <-done; status != http.StatusOK {
+					t.Errorf("status %d", status)
+				}
+			}
+			if got, want := strings.Join(up.arrivals(sid), " "), "notifications/initialized prompts/list resources/list"; got != want {
+				t.Errorf("the session's requests reached the server as %q, want %q", got, want)
+			}
+		})
 	}
 }
 
