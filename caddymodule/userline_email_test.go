@@ -78,23 +78,6 @@ func TestAnEmailRequestsProofCountsAgainstItsQueueTimeout(t *testing.T) {
 	}
 }
 
-// A request signing in by e-mail whose proof is undecided is answered
-// with its own JSON-RPC id.
-func TestAnEmailRequestsUndecidedProofIsAnsweredWithItsOwnID(t *testing.T) {
-	_, addr := startUserLineUpstream(t)
-	c := startCaddy(t, fmt.Sprintf(`mcp_serializer {
-	key basic_user
-}
-@userenum {
-	path /wp-json/wp/v2/users*
-	not header_regexp Cookie wordpress_logged_in
-}
-respond @userenum 403
-reverse_proxy %s`, addr))
-	resp := send(t, c.url, basic("alice@example.com", "pw-0"), "", rpcRequest("7", "tools/list"))
-	expectRPCError(t, resp, http.StatusServiceUnavailable, "7")
-}
-
 // The login is read from a proof's answer token by token: a profile
 // longer than what is kept of the answer (a description the user edits,
 // fields plugins add) does not take an e-mail client out of its user's

@@ -550,7 +550,8 @@ func TestAReloadThatChangesKeyProofDropsTheOldRoutesVerdicts(t *testing.T) {
 // A 403 at key_proof is not WordPress refusing a password but something
 // in front of the route (a rule against user enumeration that lets only
 // requests with a login cookie through): the request is answered 503
-// naming key_proof, never sent on in no line.
+// naming key_proof, with its own id, and never sent on in no line, by
+// login or by e-mail.
 func TestAProofAnswered403IsUndecidedNotARefusal(t *testing.T) {
 	up, addr := startUserLineUpstream(t)
 	c := startCaddy(t, fmt.Sprintf(`mcp_serializer {
@@ -562,17 +563,19 @@ func TestAProofAnswered403IsUndecidedNotARefusal(t *testing.T) {
 }
 respond @userenum 403
 reverse_proxy %s`, addr))
-	before := c.metric(t, `caddy_mcp_serializer_rejections_total{reason="proof_undecided"}`)
-	resp := send(t, c.url, basic("alice", "pw-0"), "", rpcRequest("1", "tools/list"))
-	rpcErr := expectRPCError(t, resp, http.StatusServiceUnavailable, "1")
-	if !strings.Contains(rpcErr.Error.Message, "key_proof") {
-		t.Errorf("the answer does not name key_proof: %q", rpcErr.Error.Message)
-	}
-	if got := c.metric(t, `caddy_mcp_serializer_rejections_total{reason="proof_undecided"}`) - before; got != 1 {
-		t.Errorf("rejections_total{reason=\"proof_undecided\"} rose by %v, want 1", got)
+	for _, name := range []string{"alice", "alice@example.com"} {
+		before := c.metric(t, `caddy_mcp_serializer_rejections_total{reason="proof_undecided"}`)
+		resp := send(t, c.url, basic(name, "pw-0"), "", rpcRequest("7", "tools/list"))
+		rpcErr := expectRPCError(t, resp, http.StatusServiceUnavailable, "7")
+		if !strings.Contains(rpcErr.Error.Message, "key_proof") {
+			t.Errorf("%s: the answer does not name key_proof: %q", name, rpcErr.Error.Message)
+		}
+		if got := c.metric(t, `caddy_mcp_serializer_rejections_total{reason="proof_undecided"}`) - before; got != 1 {
+			t.Errorf("%s: rejections_total{reason=\"proof_undecided\"} rose by %v, want 1", name, got)
+		}
 	}
 	if n := up.mostAtOnce("alice"); n != 0 {
-		t.Errorf("the request went upstream (%d at once) though its credential was not proven", n)
+		t.Errorf("a request went upstream (%d at once) though its credential was not proven", n)
 	}
 }
 
