@@ -16,15 +16,18 @@ type hopRelay struct {
 	ln   net.Listener
 	addr string
 
-	mu      sync.Mutex
-	target  string // the instance, host:port: setTarget
-	cut     cutKind
-	healed  chan struct{}        // closed when a black hole ends
-	conns   map[net.Conn]bool    // open connections, both sides
-	held    map[net.Conn]float64 // connections accepted during the black hole, by when (s since the cut)
-	cutAt   time.Time
-	stats   relayStats
-	stopped bool
+	mu     sync.Mutex
+	target string // the instance, host:port: setTarget
+	cut    cutKind
+	healed chan struct{}        // closed when a black hole ends
+	conns  map[net.Conn]bool    // open connections, both sides
+	held   map[net.Conn]float64 // connections accepted during the black hole, by when (s since the cut)
+	// chunksHeld counts the reads of connections made before the black
+	// hole that it held.
+	chunksHeld int
+	cutAt      time.Time
+	stats      relayStats
+	stopped    bool
 }
 
 // cutKind is how a relay is cut.
@@ -113,6 +116,14 @@ func (h *hopRelay) accept(ln net.Listener) {
 	}
 }
 
+// metNow reports whether the black hole in place has held anything: a
+// connection it accepted, or bytes of one made before it.
+func (h *hopRelay) metNow() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.stats.Held > 0 || h.chunksHeld > 0
+}
+
 // pass dials the target for c once any black hole has healed, and copies
 // both ways, holding the bytes while the relay is black-holed.
 func (h *hopRelay) pass(c net.Conn, healed chan struct{}) {
@@ -152,6 +163,9 @@ func (h *hopRelay) copy(dst, src net.Conn) {
 			healed := h.healed
 			h.mu.Unlock()
 			if healed != nil {
+				h.mu.Lock()
+				h.chunksHeld++
+				h.mu.Unlock()
 				<-healed
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -185,7 +199,7 @@ func (h *hopRelay) cutAs(t testing.TB, kind cutKind) {
 		t.Fatalf("relay %s is cut already (%v)", h.addr, h.cut)
 	}
 	h.cut, h.cutAt = kind, time.Now()
-	h.stats.Held, h.stats.LongestHeld = 0, 0
+	h.stats.Held, h.stats.LongestHeld, h.chunksHeld = 0, 0, 0
 	switch kind {
 	case cutRefused:
 		h.ln.Close()
