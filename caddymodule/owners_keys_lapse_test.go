@@ -245,9 +245,17 @@ func TestARequestHeldPastItsOwnersLapseDoesNotReachTheUpstream(t *testing.T) {
 	// Meanwhile a's lease lapses and b takes the session over; a's next
 	// renewal finds the lapse (a new epoch).
 	epoch, _ := in.lapseTo(t, aID, record, bID+" "+bAddr)
+	var renewed int64
 	wait.Until(t, "a's renewal finds its lease lapsed", func() bool {
-		_, _, e, _ := in.leaseOf(t, in.a)
+		_, exp, e, _ := in.leaseOf(t, in.a)
+		renewed = exp
 		return e != epoch
+	})
+	// a has taken that renewal's answer in once it has renewed again
+	// (renewals run one at a time).
+	wait.Until(t, "a's next renewal", func() bool {
+		_, exp, _, _ := in.leaseOf(t, in.a)
+		return exp > renewed
 	})
 	holdRelease <- struct{}{}
 	a := <-answered
