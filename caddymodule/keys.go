@@ -86,9 +86,10 @@ func (h *Handler) keyOf(r *http.Request) string {
 		if user == "" {
 			return ""
 		}
-		// The login the server named when it accepted these credentials:
-		// an e-mail address's user (loginPending).
-		if h.proofs != nil {
+		// A name with an "@" may be an e-mail address: its line is the
+		// login the server named when it accepted these credentials
+		// (loginPending). Any other name is its login.
+		if h.proofs != nil && strings.Contains(user, "@") {
 			if login, _ := h.proofs.login(h.proofKey(r), time.Now()); login != "" {
 				user = wordpressLogin(login)
 			}
@@ -183,8 +184,8 @@ var (
 // wordpressLogin is the login WordPress looks a Basic user up by, as its
 // sanitize_user does without strict mode (tags, %XX escapes and entities
 // removed, whitespace trimmed and collapsed), in lower case as its
-// database compares it. Accents are left as they are, and a user signing
-// in by e-mail gets a line of its own.
+// database compares it. Accents are left as they are; a user signing in
+// by e-mail is lined up by the login its proof names (keyOf).
 func wordpressLogin(user string) string {
 	user = loginTags.ReplaceAllString(user, "")
 	user = loginEscapes.ReplaceAllString(user, "")

@@ -111,7 +111,7 @@ type Handler struct {
 	KeySecret string `json:"key_secret,omitempty"`
 	// With key basic_user: the route of the MCP server's site that proves
 	// a credential before its requests join their user's line, answering
-	// 2xx to a right one and 401 or 403 to a wrong one; it gets a GET with
+	// 2xx to a right one and 401 to a wrong one; it gets a GET with
 	// the request's Authorization header and no cookie. Default:
 	// /wp-json/wp/v2/users/me?context=edit (WordPress, which names the
 	// user's login there: a client signing in by e-mail joins its line).

@@ -204,12 +204,20 @@ func (h *Handler) admission(r *http.Request, next caddyhttp.Handler, line string
 		return serializer.Line{Key: line}
 	}
 	return serializer.Line{Key: line, Admit: func(ctx context.Context) (string, error) {
-		// A pending line's proofs wait in the queue of the name as sent.
-		proven, err := h.prove(ctx, r, next, h.keyOf(r))
+		// A pending line's proofs wait in the queue of the name as sent,
+		// and its line is the login the proof named.
+		queue := line
+		if pending {
+			queue = h.keyOf(r)
+		}
+		proven, err := h.prove(ctx, r, next, queue)
 		if err != nil || !proven {
 			return "", err
 		}
-		return h.keyOf(r), nil
+		if pending {
+			return h.keyOf(r), nil
+		}
+		return line, nil
 	}}
 }
 

@@ -1,7 +1,6 @@
 package caddymodule_test
 
 import (
-	"bufio"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -103,27 +102,5 @@ func TestALongProfileDoesNotTakeAnEmailClientOutOfItsLine(t *testing.T) {
 	<-byEmail
 	if n := up.mostAtOnce("bob"); n != 1 {
 		t.Errorf("the upstream ran %d of bob's requests at once, by login and by e-mail, want 1", n)
-	}
-}
-
-// A reply its own stream waits for skips the proof and the line, also
-// one signing in by e-mail with a credential this instance has not met.
-func TestAnEmailReplyToAStreamSkipsTheProof(t *testing.T) {
-	up, addr := startUserLineUpstream(t)
-	c := startCaddy(t, userLineSite(addr, "\tqueue_timeout 2s\n"))
-	sid := openSession(t, c.url, basic("alice@example.com", "pw-0"))
-	resp := send(t, c.url, basic("alice@example.com", "pw-1"), sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"stream"}}`)
-	defer resp.Body.Close()
-	if resp.Header.Get("Content-Type") != "text/event-stream" {
-		t.Fatalf("the streaming call: status %d", resp.StatusCode)
-	}
-	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	if err != nil || !strings.Contains(line, "elicitation/create") {
-		t.Fatalf("the stream's first event: %q, %v", line, err)
-	}
-	release := up.holdProofs()
-	defer release()
-	if status := statusOf(send(t, c.url, basic("alice@example.com", "pw-2"), sid, `{"jsonrpc":"2.0","id":"ask-1","result":{"action":"accept"}}`)); status != http.StatusAccepted {
-		t.Fatalf("the reply the stream waits for: status %d, want 202", status)
 	}
 }

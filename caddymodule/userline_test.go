@@ -334,29 +334,32 @@ func TestACookieDoesNotProveAWrongPassword(t *testing.T) {
 
 // A reply the session's stream waits for overtakes the stream, whatever
 // its credential: it waits neither for a proof nor in the user's line,
-// which the stream holds.
+// which the stream holds, by login or by e-mail.
 func TestAReplyToAStreamOfANewCredentialGoesBesideIt(t *testing.T) {
-	up, addr := startUserLineUpstream(t)
-	c := startCaddy(t, userLineSite(addr, "\tqueue_timeout 2s\n"))
-	sid := openSession(t, c.url, basic("alice", "pw-0"))
-	// The client's next requests carry a password of alice's not proven
-	// yet, as after session_ttl, a restart, or on another instance.
-	fresh := basic("alice", "pw-1")
-	resp := send(t, c.url, fresh, sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"stream"}}`)
-	defer resp.Body.Close()
-	if resp.Header.Get("Content-Type") != "text/event-stream" {
-		t.Fatalf("the streaming call: status %d", resp.StatusCode)
-	}
-	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	if err != nil || !strings.Contains(line, "elicitation/create") {
-		t.Fatalf("the stream's first event: %q, %v", line, err)
-	}
-	// The reply carries yet another password, whose proof would not end
-	// before queue_timeout: it waits for none.
-	release := up.holdProofs()
-	defer release()
-	if status := statusOf(send(t, c.url, basic("alice", "pw-2"), sid, `{"jsonrpc":"2.0","id":"ask-1","result":{"action":"accept"}}`)); status != http.StatusAccepted {
-		t.Fatalf("the reply the stream waits for: status %d, want 202", status)
+	for _, name := range []string{"alice", "alice@example.com"} {
+		t.Run(name, func(t *testing.T) {
+			up, addr := startUserLineUpstream(t)
+			c := startCaddy(t, userLineSite(addr, "\tqueue_timeout 2s\n"))
+			sid := openSession(t, c.url, basic(name, "pw-0"))
+			// The client's next requests carry a password not proven yet,
+			// as after session_ttl, a restart, or on another instance.
+			resp := send(t, c.url, basic(name, "pw-1"), sid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"stream"}}`)
+			defer resp.Body.Close()
+			if resp.Header.Get("Content-Type") != "text/event-stream" {
+				t.Fatalf("the streaming call: status %d", resp.StatusCode)
+			}
+			line, err := bufio.NewReader(resp.Body).ReadString('\n')
+			if err != nil || !strings.Contains(line, "elicitation/create") {
+				t.Fatalf("the stream's first event: %q, %v", line, err)
+			}
+			// The reply carries yet another password, whose proof would not
+			// end before queue_timeout: it waits for none.
+			release := up.holdProofs()
+			defer release()
+			if status := statusOf(send(t, c.url, basic(name, "pw-2"), sid, `{"jsonrpc":"2.0","id":"ask-1","result":{"action":"accept"}}`)); status != http.StatusAccepted {
+				t.Fatalf("the reply the stream waits for: status %d, want 202", status)
+			}
+		})
 	}
 }
 

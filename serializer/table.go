@@ -211,7 +211,7 @@ func (t *Table) joinLine(ctx context.Context, turn Turn, line Line, wait time.Du
 // MaxSessions, with sessions: the caller keeps the two apart (no session
 // id can equal a key it makes).
 func (t *Table) AcquireKeyed(ctx context.Context, key string, traits Traits) (Turn, error) {
-	return t.takeTurn(ctx, t.refKey(key), Line{}, traits, nil, 0)
+	return t.AcquireKeyedAfter(ctx, key, traits, 0)
 }
 
 // AcquireKeyedAfter is AcquireKeyed for a request that waited spent before
