@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -52,10 +53,13 @@ const statusClientClosed = 499
 
 // forwardDialTimeout bounds the dial to an owner; forwardRetryEvery is
 // how often a request whose owner's lease stands but could not be reached
-// tries again, within queue_timeout.
+// tries again, within queue_timeout; forwardContinueTimeout is how long a
+// forward waits for the owner to ask for its body (100 Continue) before
+// it sends the body anyway.
 const (
-	forwardDialTimeout = 2 * time.Second
-	forwardRetryEvery  = 250 * time.Millisecond
+	forwardDialTimeout     = 2 * time.Second
+	forwardRetryEvery      = 250 * time.Millisecond
+	forwardContinueTimeout = 5 * time.Second
 )
 
 // newForwarder provisions the reverse proxy that takes requests to their
@@ -71,8 +75,9 @@ func newForwarder(ctx caddy.Context) (*reverseproxy.Handler, error) {
 	// dropped, in about 25 s rather than Caddy's default 5 minutes.
 	keepAlive := false
 	transport := &reverseproxy.HTTPTransport{
-		DialTimeout: caddy.Duration(forwardDialTimeout),
-		KeepAlive:   &reverseproxy.KeepAlive{Enabled: &keepAlive, ProbeInterval: caddy.Duration(time.Second)},
+		DialTimeout:           caddy.Duration(forwardDialTimeout),
+		KeepAlive:             &reverseproxy.KeepAlive{Enabled: &keepAlive, ProbeInterval: caddy.Duration(time.Second)},
+		ExpectContinueTimeout: caddy.Duration(forwardContinueTimeout),
 	}
 	proxy := &reverseproxy.Handler{
 		TransportRaw:  caddyconfig.JSONModuleObject(transport, "protocol", "http", nil),
@@ -111,7 +116,10 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 	}
 	id, keyed := info.owned()
 	if sentTo := r.Header.Get(ownerHeader); sentTo != "" {
+		// Both are the hop's own: the client's Expect was answered where
+		// it arrived.
 		r.Header.Del(ownerHeader)
+		r.Header.Del("Expect")
 		w.Header().Set(servedByHeader, h.owners.Self())
 		if h.owners.Serves(r.Context(), h.ownerStore, id, sentTo) {
 			return false, nil
@@ -146,7 +154,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 			return false, nil
 		}
 		if forward {
-			res, err := h.forward(w, r, o)
+			res, err := h.forward(w, r, o, raw)
 			switch res {
 			case forwardAnswered:
 				if r.Method == http.MethodDelete && !keyed {
@@ -244,13 +252,18 @@ type forwardResult uint8
 
 const (
 	forwardAnswered    forwardResult = iota // the owner's answer went to the client
-	forwardUnreachable                      // the owner could not be dialed: nothing was sent
+	forwardUnreachable                      // the owner could not be dialed, or broke before it took the body: not served
 	forwardNotOwner                         // the instance there does not serve the session
 	forwardFailed                           // sent, then failed before any answer: not sent again
 )
 
-// forward sends r to o and passes its answer on as it comes.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner) (forwardResult, error) {
+// forward sends r to o and passes its answer on as it comes. A body held
+// in full (raw) goes out only once the owner asks for it (100 Continue),
+// which an owner does as it reads the body, before anything of the
+// request reaches its upstream: a forward broken before then, as when a
+// stopping owner's kernel resets connections still queued at its closed
+// listener, was never served and may be sent again.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner, raw []byte) (forwardResult, error) {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
 		return forwardUnreachable, nil
@@ -266,6 +279,16 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner)
 	defer cancel()
 	go h.cancelOnLapse(ctx, cancel, o.ID)
 	r = r.WithContext(ctx)
+	r.Header = r.Header.Clone()
+	var body *watchedBody
+	if len(raw) > 0 {
+		body = &watchedBody{Reader: bytes.NewReader(raw)}
+		r.Body, r.ContentLength = body, int64(len(raw))
+		r.Header.Set("Expect", "100-continue")
+	} else {
+		// A client's own Expect was answered here, as its body was read.
+		r.Header.Del("Expect")
+	}
 	defer func() {
 		// The proxy panics with http.ErrAbortHandler when the answer breaks
 		// off after its status went out (the client left mid-stream, as
@@ -299,17 +322,34 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner)
 				zap.String("owner", o.Addr), zap.Error(err), zap.Int("suppressed", suppressed))
 		}
 		return forwardUnreachable, nil
+	case !ow.wrote && parent.Err() != nil:
+		metrics.forwards.WithLabelValues("failed").Inc()
+		return forwardAnswered, nil // the client left: nothing to answer
+	case !ow.wrote && body != nil && !body.taken.Load():
+		metrics.forwards.WithLabelValues("unreachable").Inc()
+		return forwardUnreachable, nil
 	case !ow.wrote:
 		// Cut, or failed, before any answer was passed on.
 		metrics.forwards.WithLabelValues("failed").Inc()
-		if parent.Err() != nil {
-			return forwardAnswered, nil // the client left: nothing to answer
-		}
 		return forwardFailed, nil
 	}
 	metrics.forwards.WithLabelValues("forwarded").Inc()
 	return forwardAnswered, err
 }
+
+// watchedBody is a forward's body, which tells whether the transport took
+// any of it.
+type watchedBody struct {
+	*bytes.Reader
+	taken atomic.Bool
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	b.taken.Store(true)
+	return b.Reader.Read(p)
+}
+
+func (b *watchedBody) Close() error { return nil }
 
 // ownerReplyWriter passes an owner's answer on, except a 421 marked with
 // notOwnerHeader, which it keeps from the client: headers are held until
@@ -339,6 +379,10 @@ func (w *ownerReplyWriter) WriteHeader(status int) {
 		w.ResponseWriter.WriteHeader(status)
 		return
 	case w.notOwner || w.foreign || w.cut:
+		return
+	case status == http.StatusContinue:
+		// The owner asking for the body, unstamped; the client's own 100
+		// Continue was this instance's to send.
 		return
 	case status == statusClientClosed && w.header.Get(servedByHeader) == "":
 		// The proxy's own record of a cut forward (the client left, or

@@ -741,12 +741,15 @@ func TestAReloadThatTurnsOrderOwnerOffHandsTheSessionsOver(t *testing.T) {
 // and breaks them from then on: a partition of the hop to one instance,
 // while the front and Redis still reach it. After hold, it accepts
 // connections and passes nothing on: a black hole past the handshake.
+// After breakNext, it breaks the next connection its own way.
 type hopRelay struct {
 	ln      net.Listener
 	mu      sync.Mutex
 	conns   []net.Conn
 	holding bool
 	held    int
+	breaker func(net.Conn)
+	broke   chan struct{} // a breaker is done with its connection
 }
 
 func startHopRelay(t *testing.T, target string) *hopRelay {
@@ -755,7 +758,7 @@ func startHopRelay(t *testing.T, target string) *hopRelay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &hopRelay{ln: ln}
+	h := &hopRelay{ln: ln, broke: make(chan struct{}, 16)}
 	t.Cleanup(h.cut)
 	go func() {
 		for {
@@ -764,6 +767,16 @@ func startHopRelay(t *testing.T, target string) *hopRelay {
 				return
 			}
 			h.mu.Lock()
+			if brk := h.breaker; brk != nil {
+				h.breaker = nil
+				h.conns = append(h.conns, c)
+				h.mu.Unlock()
+				go func() {
+					brk(c)
+					h.broke <- struct{}{}
+				}()
+				continue
+			}
 			if h.holding {
 				h.conns = append(h.conns, c)
 				h.held++
@@ -799,6 +812,47 @@ func (h *hopRelay) hold() {
 	h.mu.Lock()
 	h.holding = true
 	h.mu.Unlock()
+}
+
+// breakNext hands the next connection the relay accepts to brk instead
+// of passing it on; later ones pass again.
+func (h *hopRelay) breakNext(brk func(net.Conn)) {
+	h.mu.Lock()
+	h.breaker = brk
+	h.mu.Unlock()
+}
+
+// resetOnRequest reads a request's head and resets the connection
+// without reading its body or answering: a stopping owner's kernel does
+// so to a connection still queued when its listener closes.
+func resetOnRequest(c net.Conn) {
+	http.ReadRequest(bufio.NewReader(c))
+	resetConn(c)
+}
+
+// resetOnBody is resetOnRequest for an owner that asked for the body
+// (100 Continue) and read it all before it failed: bodies counts them.
+func resetOnBody(bodies *atomic.Int32) func(net.Conn) {
+	return func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err == nil {
+			if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+				io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n")
+			}
+			if b, err := io.ReadAll(req.Body); err == nil && len(b) > 0 {
+				bodies.Add(1)
+			}
+		}
+		resetConn(c)
+	}
+}
+
+// resetConn closes c with a TCP reset.
+func resetConn(c net.Conn) {
+	if tcp, ok := c.(*net.TCPConn); ok {
+		tcp.SetLinger(0)
+	}
+	c.Close()
 }
 
 // heldConns is how many connections hold has accepted.
@@ -940,5 +994,111 @@ func TestALargeRequestRefusedByTheOwnerItNamesIsAnswered503NotServedWithoutItsBo
 	}
 	if n := len(up.requests()) - before; n != 0 {
 		t.Fatalf("the upstream got %d requests, want none: the body went to the instance that refused it", n)
+	}
+}
+
+// A forward whose connection broke before the owner asked for its body
+// (100 Continue) never reached the owner's upstream: a stopping owner's
+// kernel resets connections still queued when its listener closes. It is
+// sent again while the owner's lease stands, and answered by the owner,
+// not with a 502.
+func TestAForwardBrokenBeforeTheOwnerAskedForItsBodyIsSentAgain(t *testing.T) {
+	up, in, relay, cid := startOwnerBehindRelay(t)
+	ctx := context.Background()
+	relay.breakNext(resetOnRequest)
+	before := len(up.requests())
+	a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("3", "tools/call"))
+	select {
+	case <-relay.broke:
+	default:
+		t.Fatal("the relay broke no forward")
+	}
+	expectResult(t, a, "3")
+	if n := len(up.requests()) - before; n != 1 {
+		t.Fatalf("the upstream ran the request %d times, want once", n)
+	}
+	if n := scrapeMetric(t, in.b, "caddy_mcp_serializer_takeovers_total"); n != 0 {
+		t.Fatalf("b took over %v sessions, want none: the owner's lease stands", n)
+	}
+}
+
+// A forward whose connection broke after the owner took its body may
+// have reached the owner's upstream: it is answered 502 and never sent
+// again, to the owner or anywhere else.
+func TestAForwardBrokenAfterTheOwnerTookItsBodyIsAnswered502AndNotSentAgain(t *testing.T) {
+	up, in, relay, cid := startOwnerBehindRelay(t)
+	ctx := context.Background()
+	var bodies atomic.Int32
+	relay.breakNext(resetOnBody(&bodies))
+	before := len(up.requests())
+	a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("3", "tools/call"))
+	<-relay.broke
+	if a.status != http.StatusBadGateway || !strings.Contains(string(a.body), "may have reached") {
+		t.Fatalf("a forward broken after the owner took its body: %d %s; want 502, it may have reached the MCP server", a.status, a.body)
+	}
+	if bodies.Load() != 1 {
+		t.Fatalf("the owner's side got %d bodies, want the one", bodies.Load())
+	}
+	if n := len(up.requests()) - before; n != 0 {
+		t.Fatalf("the upstream ran the request %d times, want none: it was never sent again", n)
+	}
+}
+
+// A client that asks for 100 Continue gets it from the instance it
+// reached; the owner's own 100 Continue to the forward is not an answer,
+// and the request is served there, without the hop's Expect.
+func TestARequestExpecting100ContinueIsServedByItsOwner(t *testing.T) {
+	up, in, _, cid := startOwnerBehindRelay(t)
+	body := rpcRequest("3", "tools/call")
+	req, _ := http.NewRequest(http.MethodPost, in.b, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", cid)
+	req.Header.Set("Expect", "100-continue")
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	before := len(up.requests())
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	expectResult(t, answer{status: resp.StatusCode, header: resp.Header, body: got}, "3")
+	seen := up.requests()[before:]
+	if len(seen) != 1 {
+		t.Fatalf("the upstream ran the request %d times, want once", len(seen))
+	}
+	if e := seen[0].Header.Get("Expect"); e != "" {
+		t.Fatalf("the upstream got Expect %q, the hop's own", e)
+	}
+}
+
+// An owner asks for a forwarded request's body (100 Continue) as it reads
+// it, before anything of the request goes upstream: a forward broken
+// before the ask is sent again (above), so nothing may have left by then.
+func TestAnOwnerAsksForAForwardsBodyBeforeAnythingOfItGoesUpstream(t *testing.T) {
+	up, in, _, cid := startOwnerBehindRelay(t)
+	named, _, ok := owner.SplitOwner(cid)
+	if !ok {
+		t.Fatalf("the session id %q names no owner", cid)
+	}
+	before := len(up.requests())
+	host := strings.TrimPrefix(in.a, "http://")
+	c, err := net.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := rpcRequest("3", "tools/call")
+	fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"+
+		"Mcp-Session-Id: %s\r\nMcp-Serializer-Owner: %s\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", host, cid, named, len(body))
+	status, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || !strings.HasPrefix(status, "HTTP/1.1 100 ") {
+		t.Fatalf("the owner's first answer to a forward expecting 100-continue: %q %v", status, err)
+	}
+	resetConn(c)
+	// The session's next request runs after whatever the broken one did.
+	expectResult(t, call(context.Background(), http.DefaultClient, http.MethodPost, in.a, cid, rpcRequest("4", "tools/list")), "4")
+	if seen := up.requests()[before:]; len(seen) != 1 || !strings.Contains(string(seen[0].Body), `"id":4`) {
+		t.Fatalf("the upstream got %d requests after the forward broke at the owner's ask, want only the next one", len(seen))
 	}
 }
