@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -419,4 +420,79 @@ func slowCountAsync(client *http.Client, url, session string, n int) (reply <-ch
 		replies <- timedReply{status: resp.StatusCode, body: all.Bytes(), at: time.Now()}
 	}()
 	return replies, progress
+}
+
+// A forward waiting in its owner's listener queue when the owner died,
+// never accepted, reached nothing (the kernel resets what a closed
+// listener still held): it waits for the owner's lease to lapse and is
+// served after the takeover, not answered 502. The owner is frozen
+// (SIGSTOP) so that the forward waits in its queue, and killed once it is
+// there; a rolling deploy meets the same when a forward arrives as a
+// stopping owner closes its listener.
+func TestClusterOwnerAForwardQueuedAtAnOwnerThatDiedIsServedAfterTheTakeover(t *testing.T) {
+	prerequisites(t)
+	c := startOwnerCluster(t, clusterOptions{State: redisState(startRedis(t)), PHPWorkers: 2})
+	a, b := c.Instances[0], c.Instances[1]
+	client := &http.Client{Timeout: 40 * time.Second}
+	resp, body := post(t, client, b.URL+"/mcp", "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"go-test","version":"1"}}}`)
+	session := resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode != http.StatusOK || session == "" {
+		t.Fatalf("initialize on %s: status %d, body %s", b.Name, resp.StatusCode, body)
+	}
+	if resp, body := post(t, client, b.URL+"/mcp", session, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("notifications/initialized on %s: status %d, body %s", b.Name, resp.StatusCode, body)
+	}
+	pid := b.proc.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	reply := make(chan timedReply, 1)
+	go func() {
+		status, body, err := postNoFatal(client, a.URL+"/mcp", session, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+		if err != nil {
+			body = []byte(err.Error())
+		}
+		reply <- timedReply{status: status, body: body, at: time.Now()}
+	}()
+	waitFor(t, "a forward queued at the frozen owner's listener", 10*time.Second, func() bool { return listenQueue(t, b.Port) > 0 })
+	b.kill(t)
+	var got timedReply
+	select {
+	case got = <-reply:
+	case <-time.After(45 * time.Second):
+		t.Fatal("tools/list not answered within 45s")
+	}
+	forwardedBy(t, c)
+	if got.status != http.StatusOK || !strings.Contains(string(got.body), `"tools"`) {
+		t.Fatalf("tools/list whose forward the dead owner's kernel reset: %d %s; want it served after the takeover", got.status, got.body)
+	}
+	if n := sumValues(a.metrics(t, "caddy_mcp_serializer_takeovers_total")); n != 1 {
+		t.Errorf("%s took over %v sessions, want the dead owner's one", a.Name, n)
+	}
+}
+
+// listenQueue is how many connections wait, accepted by the kernel but
+// not yet by the program, at the TCP listener on port.
+func listenQueue(t *testing.T, port int) int {
+	t.Helper()
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n")[1:] {
+			f := strings.Fields(line)
+			// local_address is ADDR:PORT in hex, st 0A is LISTEN, and a
+			// listener's rx_queue is its accept queue.
+			if len(f) < 5 || f[3] != "0A" || !strings.HasSuffix(f[1], fmt.Sprintf(":%04X", port)) {
+				continue
+			}
+			_, rx, _ := strings.Cut(f[4], ":")
+			n, _ := strconv.ParseInt(rx, 16, 64)
+			return int(n)
+		}
+	}
+	t.Fatalf("no TCP listener on port %d", port)
+	return 0
 }
