@@ -42,6 +42,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    state           redis|storage [{ <engine settings> }]
 //	    order           local|cluster|owner
 //	    advertise       <host:port>
+//	    upstream_sessions shared|instance
+//	    instance_name   <name>
 //	    key             <placeholder>
 //	}
 //
@@ -83,6 +85,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.KeyProof = val
 		case "advertise":
 			h.Advertise = val
+		case "upstream_sessions":
+			h.UpstreamSessions = val
+		case "instance_name":
+			h.InstanceName = val
 		default:
 			return d.Errf("unrecognized mcp_serializer setting %q", setting)
 		}

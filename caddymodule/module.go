@@ -45,6 +45,12 @@ const (
 	orderOwner   = "owner"
 )
 
+// upstream_sessions settings: where the upstream keeps its sessions.
+const (
+	upstreamSessionsShared   = "shared"
+	upstreamSessionsInstance = "instance"
+)
+
 // Handler is the mcp_serializer HTTP handler. Handlers with the same Name
 // share one session table, which survives config reloads.
 type Handler struct {
@@ -98,6 +104,18 @@ type Handler struct {
 	// such as {env.POD_IP} are read at load. Default: the address at
 	// which each session's initialize reached this instance.
 	Advertise string `json:"advertise,omitempty"`
+	// With order owner: where the upstream keeps its sessions. shared (a
+	// store every instance's upstream reads: PHP-FPM with a database or
+	// Redis) lets another instance take a session over when its owner
+	// stops or dies; instance (the instance's own upstream keeps them in
+	// memory, one replica per instance) keeps each session with the
+	// instance that created it, across that instance's restart, and
+	// answers 404 once the instance is gone for good. Default: shared.
+	UpstreamSessions string `json:"upstream_sessions,omitempty"`
+	// With upstream_sessions instance: a name this instance keeps across
+	// its restarts, such as {env.HOSTNAME} (a pod's name), unique among
+	// the instances; placeholders are read at load. Default: advertise.
+	InstanceName string `json:"instance_name,omitempty"`
 	// Queues requests by this placeholder's value, e.g.
 	// {http.request.header.Authorization} or, for MCP 2026-07-28 handles,
 	// {http.request.header.Mcp-Param-Cart}: requests whose key is not empty
@@ -134,6 +152,7 @@ type Handler struct {
 	ownerConfigs  *atomic.Int32 // the table's (pooledTable.ownerConfigs)
 	forwarder     *reverseproxy.Handler
 	advertise     string
+	instanceName  string             // with upstream_sessions instance, read
 	engine        stateengine.Engine // nil without state
 	onInitTimeout serializer.TimeoutAction
 	table         *serializer.Table
@@ -219,7 +238,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// A new table starts with these settings: no running config uses it.
 		applied := &appliedSettings{}
 		applied.generation.Store(h.generation)
-		members := owner.NewMembership(owner.NewID(), applied.leases, nil)
+		members := owner.NewMembership(h.instanceID(), applied.leases, nil)
 		owners := owner.NewDirectory(members, cfg.MaxSessions, cfg.SessionTTL, nil)
 		tableCfg := cfg
 		tableCfg.Clock = newTableClock()
@@ -235,6 +254,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.owners = pooled.owners
 		h.ownerConfigs.Add(1)
 		h.owners.SetTTL(cfg.SessionTTL)
+		h.owners.SetPinned(h.pinned())
+		if h.pinned() && h.owners.Self() != owner.IDFor(h.instanceName) {
+			h.logger.Warn("upstream_sessions instance: this instance keeps the ID it started with until it restarts; "+
+				"sessions it creates meanwhile are lost at that restart",
+				zap.String("instance_name", h.instanceName))
+		}
 		owners, store := h.owners, h.ownerStore
 		owners.Members().OnForgotten(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
@@ -263,6 +288,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 func (h *Handler) handOver() {
 	ctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
 	defer cancel()
+	if h.pinned() {
+		// Only this instance's upstream holds its sessions: the others
+		// wait for it to start again, and give them up only once its
+		// lease has lapsed for good.
+		h.owners.Members().StopKeeping(ctx, h.ownerStore, restartLease)
+		h.logger.Info("order owner: this instance's sessions wait for it to start again (upstream_sessions instance)",
+			zap.Duration("lease_kept", restartLease))
+		return
+	}
 	h.owners.Members().Stop(ctx, h.ownerStore)
 	released := h.owners.Release(ctx, h.ownerStore)
 	h.logger.Info("order owner: handed this instance's sessions over", zap.Int("sessions", released))
@@ -271,6 +305,11 @@ func (h *Handler) handOver() {
 // handOverTimeout bounds a stopping instance's handover; a session it
 // could not hand over is taken over once the instance's lease lapses.
 const handOverTimeout = 5 * time.Second
+
+// restartLease is how long a stopping instance with upstream_sessions
+// instance keeps its lease, for it to start again: a Caddy restart or
+// upgrade takes a few seconds.
+const restartLease = 15 * time.Second
 
 // defaultOrder fills in order: owner where the state engine can record
 // owners (safe behind any front, and free behind one that keeps a session
@@ -459,6 +498,9 @@ func (h *Handler) Validate() error {
 	if h.Advertise != "" && h.Order != orderOwner {
 		return fmt.Errorf("advertise is for order owner only (order is %s)", h.Order)
 	}
+	if err := h.validateUpstreamSessions(); err != nil {
+		return err
+	}
 	switch h.Order {
 	case orderLocal:
 	case orderOwner, orderCluster:
@@ -467,6 +509,45 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("order: unknown value %q (want owner or local)", h.Order)
 	}
 	return nil
+}
+
+// validateUpstreamSessions checks upstream_sessions and reads
+// instance_name.
+func (h *Handler) validateUpstreamSessions() error {
+	switch h.UpstreamSessions {
+	case "", upstreamSessionsShared:
+		if h.InstanceName != "" {
+			return fmt.Errorf("instance_name is for upstream_sessions instance only")
+		}
+		return nil
+	case upstreamSessionsInstance:
+	default:
+		return fmt.Errorf("upstream_sessions: unknown value %q (want shared or instance)", h.UpstreamSessions)
+	}
+	if h.Order != orderOwner && h.Order != orderCluster {
+		return fmt.Errorf("upstream_sessions instance needs order owner (order is %s): a session must reach the instance whose upstream holds it", h.Order)
+	}
+	h.instanceName = caddy.NewReplacer().ReplaceAll(h.InstanceName, "")
+	if h.instanceName == "" {
+		h.instanceName = caddy.NewReplacer().ReplaceAll(h.Advertise, "")
+	}
+	if h.instanceName == "" {
+		return fmt.Errorf("upstream_sessions instance needs instance_name (a name this instance keeps across its restarts, such as {env.HOSTNAME}) or advertise")
+	}
+	return nil
+}
+
+// pinned says whether sessions live in this instance's own upstream.
+func (h *Handler) pinned() bool { return h.UpstreamSessions == upstreamSessionsInstance }
+
+// instanceID is the ID a new session table gets: named for instance_name
+// with upstream_sessions instance, so that it survives a restart; else
+// new at each start.
+func (h *Handler) instanceID() string {
+	if h.pinned() {
+		return owner.IDFor(h.instanceName)
+	}
+	return owner.NewID()
 }
 
 // validateOwnerOrder checks that the state engine can record and take

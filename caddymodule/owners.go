@@ -115,6 +115,13 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		return false, nil
 	}
 	id, keyed := info.owned()
+	here := h.hereAddr(r)
+	if here != "" {
+		// Renewing its lease needs it: an instance started again may meet
+		// its sessions' requests, forwarded ones too, before it creates
+		// any.
+		h.owners.Members().SetAddr(here)
+	}
 	if sentTo := r.Header.Get(ownerHeader); sentTo != "" {
 		// Both are the hop's own: the client's Expect was answered where
 		// it arrived.
@@ -128,7 +135,6 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		return true, h.reject(w, r, "not_owner", http.StatusMisdirectedRequest, codeServerError,
 			"this instance does not serve this MCP session: the instance that forwarded the request reads its owner again", reqID)
 	}
-	here := h.hereAddr(r)
 	deadline := time.Now().Add(h.settings.QueueTimeout - info.proofWaited)
 	unread := raw == nil && r.Body != nil && r.Body != http.NoBody
 	sent := false // an unread body went out and is gone
@@ -149,6 +155,10 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 			w.Header().Set("Retry-After", "1")
 			return true, h.reject(w, r, "owner_moved", http.StatusServiceUnavailable, codeServerError,
 				"this MCP session moved to another instance while its large request was on its way; retry", reqID)
+		}
+		if o == owner.Gone {
+			return true, h.reject(w, r, "owner_gone", http.StatusNotFound, codeSessionNotFound,
+				"session not found: the instance whose MCP server held this session is gone; start a new session", reqID)
 		}
 		if !forward && !wait {
 			return false, nil

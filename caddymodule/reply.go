@@ -15,6 +15,9 @@ import (
 const (
 	codeInvalidRequest = -32600
 	codeServerError    = -32000
+	// codeSessionNotFound is what the MCP SDKs answer, with 404, to an
+	// id whose session is gone.
+	codeSessionNotFound = -32001
 )
 
 // reject answers a request locally with a JSON-RPC error, counts it by

@@ -59,7 +59,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			info.line = h.keyOf(r)
 		}
 	}
-	if r.Method != http.MethodPost {
+	// A GET refused here would be refused by the owner too.
+	if r.Method != http.MethodPost && (r.Method != http.MethodGet || h.GetStream != getStreamReject) {
 		if forwarded, err := h.serveAtOwner(w, r, info, nil, nil); forwarded {
 			return err
 		}

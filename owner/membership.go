@@ -199,6 +199,20 @@ func (m *Membership) Stop(ctx context.Context, leases Leases) {
 	}
 }
 
+// StopKeeping ends the background work and keeps the lease for life
+// more: an instance whose sessions only its own upstream holds, stopping
+// to start again, so that the others wait for it rather than give its
+// sessions up.
+func (m *Membership) StopKeeping(ctx context.Context, leases Leases, life time.Duration) {
+	m.Stop(ctx, nil)
+	m.mu.Lock()
+	addr := m.addr
+	m.mu.Unlock()
+	if leases != nil && addr != "" {
+		_, _, _ = leases.Renew(ctx, m.self, addr, life)
+	}
+}
+
 // Renew renews the lease now, or waits for the renewal in flight.
 func (m *Membership) Renew(ctx context.Context) {
 	end, first := m.join(ctx, &m.renewing)

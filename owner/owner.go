@@ -12,6 +12,7 @@ package owner
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"strings"
 	"sync"
@@ -46,6 +47,19 @@ func NewID() string {
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	return hex.EncodeToString(b[:])
 }
+
+// IDFor returns the instance ID of the instance named name: the same at
+// each of its starts, so that the sessions its upstream keeps in memory
+// come back to it after its restart.
+func IDFor(name string) string {
+	sum := sha256.Sum256([]byte("mcp_serializer instance\x00" + name))
+	return hex.EncodeToString(sum[:8])
+}
+
+// Gone is the owner Route names, with pinned sessions (SetPinned), for a
+// session whose instance's lease has lapsed for good: only that
+// instance's upstream held the session, so nobody can serve it now.
+var Gone = Owner{ID: "gone"}
 
 // Store is where owners are recorded: with each session's record in the
 // state engine. Calls are bounded by the store.
@@ -102,6 +116,7 @@ type Directory struct {
 	now      func() time.Time
 
 	takeovers atomic.Int64
+	pinned    atomic.Bool // see SetPinned
 	// How this instance marks its long exchanges (markAfter, markLife).
 	markAfter, markLife time.Duration
 
@@ -169,6 +184,12 @@ func (d *Directory) SetTTL(ttl time.Duration) { d.ttl.Store(int64(ttl)) }
 
 func (d *Directory) sessionTTL() time.Duration { return time.Duration(d.ttl.Load()) }
 
+// SetPinned is told whether sessions live in their instance's own
+// upstream (one in-memory replica per instance): then a session is never
+// taken over, since no other upstream knows it, and once its instance's
+// lease has lapsed for good Route names Gone.
+func (d *Directory) SetPinned(pinned bool) { d.pinned.Store(pinned) }
+
 // Members is this instance's membership.
 func (d *Directory) Members() *Membership { return d.members }
 
@@ -234,6 +255,8 @@ func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) 
 			switch c, claims := s.(Claimer); {
 			case live == Alive && addr != "":
 				return Owner{ID: named, Addr: addr}, true, false
+			case live == Lapsed && d.pinned.Load():
+				return Gone, false, false
 			case (live == Lapsed || refused) && claims:
 				return d.claimLost(ctx, c, id, here)
 			}
@@ -380,6 +403,9 @@ func (d *Directory) routeTo(ctx context.Context, s Store, id string, o Owner, he
 		// owner could renew.
 		d.members.Refresh(ctx)
 		if live, addr = d.members.Status(o.ID); live == Lapsed {
+			if d.pinned.Load() {
+				return Gone, false, false
+			}
 			return d.takeOver(ctx, s, id, o, here)
 		}
 	}
@@ -658,6 +684,11 @@ func (d *Directory) Serves(ctx context.Context, s Store, id, ownerID string) boo
 			d.rememberKey(id, now, true)
 			return false
 		}
+		return true
+	}
+	if !ok && d.pinned.Load() {
+		// Only this instance's upstream can hold a session whose id
+		// names it, whatever its record says (or if it has none).
 		return true
 	}
 	if !ok {
