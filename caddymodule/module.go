@@ -224,7 +224,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if h.Order == orderOwner {
 			cfg.GateReadAfter = ownerGateReadAfter
 			h.ownerStore = shared
-			forwarder, err := newForwarder(ctx)
+			forwarder, err := newForwarder(ctx, cfg.QueueTimeout)
 			if err != nil {
 				return err
 			}

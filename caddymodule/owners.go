@@ -53,20 +53,20 @@ const statusClientClosed = 499
 
 // forwardDialTimeout bounds the dial to an owner; forwardRetryEvery is
 // how often a request whose owner's lease stands but could not be reached
-// tries again, within queue_timeout; forwardContinueTimeout is how long a
-// forward waits for the owner to ask for its body (100 Continue) before
-// it sends the body anyway.
+// tries again, within queue_timeout.
 const (
-	forwardDialTimeout     = 2 * time.Second
-	forwardRetryEvery      = 250 * time.Millisecond
-	forwardContinueTimeout = 5 * time.Second
+	forwardDialTimeout = 2 * time.Second
+	forwardRetryEvery  = 250 * time.Millisecond
 )
 
 // newForwarder provisions the reverse proxy that takes requests to their
 // session's owner: the dial address and owner's ID come from this
 // handler's placeholders, never from the request, and SSE responses flow
-// back as they are written.
-func newForwarder(ctx caddy.Context) (*reverseproxy.Handler, error) {
+// back as they are written. A body waits for the owner to ask for it for
+// as long as the request may wait (queueTimeout): an owner asks at once
+// as it reads the body, and one frozen with the forward queued at its
+// listener must not get the body before it is seen gone.
+func newForwarder(ctx caddy.Context, queueTimeout time.Duration) (*reverseproxy.Handler, error) {
 	// A new connection for each forward: a stopping owner closes its idle
 	// ones, and a request sent on one just as it closes fails after it
 	// may have been sent; a refused dial is retried safely instead.
@@ -77,7 +77,7 @@ func newForwarder(ctx caddy.Context) (*reverseproxy.Handler, error) {
 	transport := &reverseproxy.HTTPTransport{
 		DialTimeout:           caddy.Duration(forwardDialTimeout),
 		KeepAlive:             &reverseproxy.KeepAlive{Enabled: &keepAlive, ProbeInterval: caddy.Duration(time.Second)},
-		ExpectContinueTimeout: caddy.Duration(forwardContinueTimeout),
+		ExpectContinueTimeout: caddy.Duration(queueTimeout),
 	}
 	proxy := &reverseproxy.Handler{
 		TransportRaw:  caddyconfig.JSONModuleObject(transport, "protocol", "http", nil),
@@ -267,12 +267,14 @@ const (
 	forwardFailed                           // sent, then failed before any answer: not sent again
 )
 
-// forward sends r to o and passes its answer on as it comes. A body held
-// in full (raw) goes out only once the owner asks for it (100 Continue),
-// which an owner does as it reads the body, before anything of the
-// request reaches its upstream: a forward broken before then, as when a
-// stopping owner's kernel resets connections still queued at its closed
-// listener, was never served and may be sent again.
+// forward sends r to o and passes its answer on as it comes. A body
+// (raw if held in full) goes out only once the owner asks for it (100
+// Continue), which an owner does as it reads the body, before anything of
+// the request reaches its upstream: a forward broken before then, as when
+// a stopping owner's kernel resets connections still queued at its closed
+// listener, was never served and may be sent again. A request without a
+// body (DELETE, a GET stream) has nothing to wait with, and one broken
+// before its answer counts as failed.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner, raw []byte) (forwardResult, error) {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
@@ -290,14 +292,18 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner,
 	go h.cancelOnLapse(ctx, cancel, o.ID)
 	r = r.WithContext(ctx)
 	r.Header = r.Header.Clone()
+	// A client's own Expect was answered here, as its body was read.
+	r.Header.Del("Expect")
 	var body *watchedBody
-	if len(raw) > 0 {
-		body = &watchedBody{Reader: bytes.NewReader(raw)}
-		r.Body, r.ContentLength = body, int64(len(raw))
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+		// A body over max_body, not held, is still unread past what was
+		// classified: untaken, it can go again as well.
+		body = &watchedBody{Reader: r.Body}
+		if len(raw) > 0 {
+			body.Reader, r.ContentLength = bytes.NewReader(raw), int64(len(raw))
+		}
+		r.Body = body
 		r.Header.Set("Expect", "100-continue")
-	} else {
-		// A client's own Expect was answered here, as its body was read.
-		r.Header.Del("Expect")
 	}
 	defer func() {
 		// The proxy panics with http.ErrAbortHandler when the answer breaks
@@ -348,9 +354,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner,
 }
 
 // watchedBody is a forward's body, which tells whether the transport took
-// any of it.
+// any of it. Closing it leaves the body open: one not taken goes again.
 type watchedBody struct {
-	*bytes.Reader
+	io.Reader
 	taken atomic.Bool
 }
 

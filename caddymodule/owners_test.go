@@ -1102,3 +1102,48 @@ func TestAnOwnerAsksForAForwardsBodyBeforeAnythingOfItGoesUpstream(t *testing.T)
 		t.Fatalf("the upstream got %d requests after the forward broke at the owner's ask, want only the next one", len(seen))
 	}
 }
+
+// A body over max_body, streamed rather than held, is still unread on
+// its client's connection when a forward breaks before the owner asked
+// for it: it is sent again too.
+func TestALargeForwardBrokenBeforeTheOwnerAskedForItsBodyIsSentAgain(t *testing.T) {
+	up, in, relay, cid := startOwnerBehindRelay(t, "max_body 1KiB")
+	relay.breakNext(resetOnRequest)
+	before := len(up.requests())
+	body := fmt.Sprintf(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"pad":%q}}`, strings.Repeat("x", 3000))
+	a := call(context.Background(), http.DefaultClient, http.MethodPost, in.b, cid, body)
+	<-relay.broke
+	expectResult(t, a, "3")
+	seen := up.requests()[before:]
+	if len(seen) != 1 || string(seen[0].Body) != body {
+		t.Fatalf("the upstream got %d requests, want the one with its whole body", len(seen))
+	}
+}
+
+// A forward sends no body until the owner asks for it, however long it
+// waits: an owner frozen with the forward queued at its listener (which
+// its kernel accepted) must not find the body there on waking, after the
+// request was given up or sent elsewhere. Here the client gives up first.
+func TestAForwardSendsNoBodyBeforeTheOwnerAsksHoweverLongItWaits(t *testing.T) {
+	_, in, relay, cid := startOwnerBehindRelay(t)
+	var bodyBytes atomic.Int64
+	relay.breakNext(func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err == nil {
+			n, _ := io.Copy(io.Discard, br) // until the forward is given up
+			bodyBytes.Store(n)
+		}
+		c.Close()
+	})
+	// Longer than a fixed wait for the owner's ask would be, within
+	// queue_timeout.
+	ctx, leave := context.WithTimeout(context.Background(), 8*time.Second)
+	defer leave()
+	if a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("3", "tools/call")); a.err == nil {
+		t.Fatalf("answered %d %s while the owner never asked for the body", a.status, a.body)
+	}
+	<-relay.broke
+	if n := bodyBytes.Load(); n != 0 {
+		t.Fatalf("the forward sent %d bytes of body the owner never asked for", n)
+	}
+}
