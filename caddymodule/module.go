@@ -151,6 +151,7 @@ type Handler struct {
 	releaseEngine func()
 	ownerConfigs  *atomic.Int32 // the table's (pooledTable.ownerConfigs)
 	forwarder     *reverseproxy.Handler
+	forwardLines  *forwardLines // the table's
 	advertise     string
 	instanceName  string             // with upstream_sessions instance, read
 	engine        stateengine.Engine // nil without state
@@ -242,13 +243,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		owners := owner.NewDirectory(members, cfg.MaxSessions, cfg.SessionTTL, nil)
 		tableCfg := cfg
 		tableCfg.Clock = newTableClock()
-		return pooledTable{serializer.NewTable(tableCfg), applied, owners, newProofs(cfg.MaxSessions), new(atomic.Int32)}, nil
+		return pooledTable{serializer.NewTable(tableCfg), applied, owners, newProofs(cfg.MaxSessions), new(atomic.Int32), new(forwardLines)}, nil
 	})
 	if err != nil {
 		return err
 	}
 	pooled := val.(pooledTable)
-	h.table, h.applied, h.proofs, h.ownerConfigs = pooled.Table, pooled.applied, pooled.proofs, pooled.ownerConfigs
+	h.table, h.applied, h.proofs, h.ownerConfigs, h.forwardLines = pooled.Table, pooled.applied, pooled.proofs, pooled.ownerConfigs, pooled.forwardLines
 	h.applied.provisioned(h.generation, cfg)
 	if h.Order == orderOwner {
 		h.owners = pooled.owners
@@ -617,6 +618,7 @@ type pooledTable struct {
 	proofs  *proofs          // for key basic_user
 	// ownerConfigs counts the provisioned configs that use owners.
 	ownerConfigs *atomic.Int32
+	forwardLines *forwardLines // for order owner
 }
 
 func (t pooledTable) Destruct() error {

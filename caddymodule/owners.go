@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"sync/atomic"
 	"time"
 
@@ -116,8 +117,8 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 	}
 	id, keyed := info.owned()
 	here := h.hereAddr(r)
-	if here != "" {
-		// Renewing its lease needs it: an instance started again may meet
+	if here != "" && h.pinned() {
+		// Renewing its lease needs it: an instance started again meets
 		// its sessions' requests, forwarded ones too, before it creates
 		// any.
 		h.owners.Members().SetAddr(here)
@@ -138,6 +139,14 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 	deadline := time.Now().Add(h.settings.QueueTimeout - info.proofWaited)
 	unread := raw == nil && r.Body != nil && r.Body != http.NoBody
 	sent := false // an unread body went out and is gone
+	// through: this request is through its place in its session's
+	// forward line here (forwardLines); nil until it joins.
+	var through func()
+	defer func() {
+		if through != nil {
+			through()
+		}
+	}()
 	for {
 		var o owner.Owner
 		var forward, wait bool
@@ -163,8 +172,24 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		if !forward && !wait {
 			return false, nil
 		}
+		if through == nil {
+			var before <-chan struct{}
+			before, through = h.forwardLines.join(id)
+			if before != nil {
+				// Its turn comes after the request before it; the owner
+				// may have changed meanwhile.
+				select {
+				case <-before:
+					continue
+				case <-time.After(time.Until(deadline)):
+					return true, h.rejectOwnerUnreachable(w, r, reqID)
+				case <-r.Context().Done():
+					return true, nil
+				}
+			}
+		}
 		if forward {
-			res, err := h.forward(w, r, o, raw)
+			res, err := h.forward(w, r, o, raw, through)
 			switch res {
 			case forwardAnswered:
 				if r.Method == http.MethodDelete && !keyed {
@@ -183,9 +208,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			w.Header().Set("Retry-After", "1")
-			return true, h.reject(w, r, "owner_unreachable", http.StatusServiceUnavailable, codeServerError,
-				"the instance serving this MCP session could not be reached within queue_timeout, and it still holds its lease; retry", reqID)
+			return true, h.rejectOwnerUnreachable(w, r, reqID)
 		}
 		select {
 		case <-time.After(min(left, forwardRetryEvery)):
@@ -193,6 +216,14 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 			return true, nil // the client left: nothing to answer
 		}
 	}
+}
+
+// rejectOwnerUnreachable answers a request whose owner could not be
+// reached within queue_timeout.
+func (h *Handler) rejectOwnerUnreachable(w http.ResponseWriter, r *http.Request, reqID []byte) error {
+	w.Header().Set("Retry-After", "1")
+	return h.reject(w, r, "owner_unreachable", http.StatusServiceUnavailable, codeServerError,
+		"the instance serving this MCP session could not be reached within queue_timeout, and it still holds its lease; retry", reqID)
 }
 
 // hereAddr is where a request reached this instance: the address
@@ -274,8 +305,10 @@ const (
 // a stopping owner's kernel resets connections still queued at its closed
 // listener, was never served and may be sent again. A request without a
 // body (DELETE, a GET stream) has nothing to wait with, and one broken
-// before its answer counts as failed.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner, raw []byte) (forwardResult, error) {
+// before its answer counts as failed. taken is called once the owner has
+// the request: it took the body, or, without one, a connection to it was
+// made.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner, raw []byte, taken func()) (forwardResult, error) {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
 		return forwardUnreachable, nil
@@ -298,12 +331,16 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner,
 	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
 		// A body over max_body, not held, is still unread past what was
 		// classified: untaken, it can go again as well.
-		body = &watchedBody{Reader: r.Body}
+		body = &watchedBody{Reader: r.Body, onTaken: taken}
 		if len(raw) > 0 {
 			body.Reader, r.ContentLength = bytes.NewReader(raw), int64(len(raw))
 		}
 		r.Body = body
 		r.Header.Set("Expect", "100-continue")
+	} else {
+		r = r.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+			GotConn: func(httptrace.GotConnInfo) { taken() },
+		}))
 	}
 	defer func() {
 		// The proxy panics with http.ErrAbortHandler when the answer breaks
@@ -343,6 +380,10 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner,
 		return forwardAnswered, nil // the client left: nothing to answer
 	case !ow.wrote && body != nil && !body.taken.Load():
 		metrics.forwards.WithLabelValues("unreachable").Inc()
+		if ok, suppressed := ownerWarns.Allow(time.Now()); ok {
+			h.logger.Warn("the instance owning a session broke a forward off before it asked for the body (it is stopping, or frozen); the request is sent again while its lease stands",
+				zap.String("owner", o.Addr), zap.Error(err), zap.Int("suppressed", suppressed))
+		}
 		return forwardUnreachable, nil
 	case !ow.wrote:
 		// Cut, or failed, before any answer was passed on.
@@ -357,11 +398,14 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner,
 // any of it. Closing it leaves the body open: one not taken goes again.
 type watchedBody struct {
 	io.Reader
-	taken atomic.Bool
+	onTaken func()
+	taken   atomic.Bool
 }
 
 func (b *watchedBody) Read(p []byte) (int, error) {
-	b.taken.Store(true)
+	if !b.taken.Swap(true) {
+		b.onTaken()
+	}
 	return b.Reader.Read(p)
 }
 

@@ -1147,3 +1147,21 @@ func TestAForwardSendsNoBodyBeforeTheOwnerAsksHoweverLongItWaits(t *testing.T) {
 		t.Fatalf("the forward sent %d bytes of body the owner never asked for", n)
 	}
 }
+
+// A forward sent again keeps its place: the session's next request,
+// arriving at the same instance after it, waits until the owner has the
+// first, and the upstream runs them in arrival order.
+func TestAForwardSentAgainKeepsItsPlaceBeforeTheSessionsNextRequest(t *testing.T) {
+	up, in, relay, cid := startOwnerBehindRelay(t)
+	ctx := context.Background()
+	relay.breakNext(resetOnRequest)
+	before := len(up.requests())
+	first := callAsync(ctx, http.MethodPost, in.b, cid, rpcRequest("3", "tools/call"))
+	<-relay.broke
+	expectResult(t, call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("4", "tools/call")), "4")
+	expectResult(t, await(t, first, 10*time.Second, "the first request"), "3")
+	seen := up.requests()[before:]
+	if len(seen) != 2 || !strings.Contains(string(seen[0].Body), `"id":3`) {
+		t.Fatalf("the upstream got %d requests, first %s; want 3, then 4, in arrival order", len(seen), seen[0].Body)
+	}
+}
