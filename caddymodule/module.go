@@ -152,6 +152,10 @@ type Handler struct {
 	ownerConfigs  *atomic.Int32 // the table's (pooledTable.ownerConfigs)
 	forwarder     *reverseproxy.Handler
 	forwardLines  *forwardLines // the table's
+	// formerOwner, without order owner but with an engine that records
+	// owners, is the table's instance ID, which forwards sent before a
+	// reload turned order owner off still name.
+	formerOwner   string
 	advertise     string
 	instanceName  string             // with upstream_sessions instance, read
 	engine        stateengine.Engine // nil without state
@@ -251,6 +255,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	pooled := val.(pooledTable)
 	h.table, h.applied, h.proofs, h.ownerConfigs, h.forwardLines = pooled.Table, pooled.applied, pooled.proofs, pooled.ownerConfigs, pooled.forwardLines
 	h.applied.provisioned(h.generation, cfg)
+	if h.Order != orderOwner && h.engineRecordsOwners() {
+		h.formerOwner = pooled.owners.Self()
+	}
 	if h.Order == orderOwner {
 		h.owners = pooled.owners
 		h.ownerConfigs.Add(1)

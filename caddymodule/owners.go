@@ -113,6 +113,16 @@ var ownerWarns warnlimit.Limiter
 // served beside a live owner.
 func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *requestInfo, raw []byte, reqID []byte) (bool, error) {
 	if h.owners == nil {
+		if h.formerOwner != "" && r.Header.Get(ownerHeader) != "" {
+			// Sent by an instance that still takes this one for the
+			// session's owner, after a reload turned order owner off here
+			// and handed the sessions over: served here, it would run
+			// beside the session's next owner.
+			w.Header().Set(servedByHeader, h.formerOwner)
+			w.Header().Set(notOwnerHeader, "1")
+			return true, h.reject(w, r, "not_owner", http.StatusMisdirectedRequest, codeServerError,
+				"this instance does not serve this MCP session: the instance that forwarded the request reads its owner again", reqID)
+		}
 		return false, nil
 	}
 	id, keyed := info.owned()

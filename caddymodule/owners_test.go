@@ -1165,3 +1165,41 @@ func TestAForwardSentAgainKeepsItsPlaceBeforeTheSessionsNextRequest(t *testing.T
 		t.Fatalf("the upstream got %d requests, first %s; want 3, then 4, in arrival order", len(seen), seen[0].Body)
 	}
 }
+
+// A forward still on its way to an instance whose reload turned order
+// owner off (and handed its sessions over) is answered 421, stamped, not
+// served there: served, it would run beside the session's next owner.
+func TestAForwardReachingAnInstanceThatTurnedOrderOwnerOffIsAnswered421(t *testing.T) {
+	up, addr := newUpstream(t, echoingAnswer(func() string { return "up-1" }))
+	in := startOwnerInstances(t, addr)
+	ctx := context.Background()
+	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
+	named, _, ok := owner.SplitOwner(cid)
+	if !ok {
+		t.Fatalf("a's session id %q names no owner", cid)
+	}
+	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
+	full := in.caddyfile("")
+	start := strings.Index(full, in.a+" {")
+	end := strings.Index(full[start:], "\n}\n") + start + 3
+	loadThroughAdmin(t, in.admin, full[:start]+strings.Replace(full[start:end], "order owner", "order local", 1)+full[end:])
+
+	before := len(up.requests())
+	req, _ := http.NewRequest(http.MethodPost, in.a, strings.NewReader(rpcRequest("2", "tools/list")))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", cid)
+	req.Header.Set("Mcp-Serializer-Owner", named) // as b forwards it
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMisdirectedRequest || resp.Header.Get("Mcp-Serializer-Served-By") != named || resp.Header.Get("Mcp-Serializer-Not-Owner") == "" {
+		t.Fatalf("a forward at a after it turned order owner off: %d %v %s; want 421 stamped with a's ID", resp.StatusCode, resp.Header, body)
+	}
+	if n := len(up.requests()) - before; n != 0 {
+		t.Fatalf("the upstream ran the forward %d times at a, want none", n)
+	}
+}
