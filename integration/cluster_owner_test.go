@@ -329,14 +329,7 @@ func TestClusterOwnerStoppedMidCallHandsItsSessionOnOnceTheCallEnds(t *testing.T
 			}
 			a.start(t)
 			client := &http.Client{Timeout: 40 * time.Second}
-			resp, body := post(t, client, a.URL+"/mcp", "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"go-test","version":"1"}}}`)
-			session := resp.Header.Get("Mcp-Session-Id")
-			if resp.StatusCode != http.StatusOK || session == "" {
-				t.Fatalf("initialize on %s: %d %s", a.Name, resp.StatusCode, body)
-			}
-			if resp, body := post(t, client, a.URL+"/mcp", session, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); resp.StatusCode != http.StatusAccepted {
-				t.Fatalf("notifications/initialized: %d %s", resp.StatusCode, body)
-			}
+			session := openSession(t, client, a.URL+"/mcp")
 
 			callStart := time.Now()
 			call, progressed := slowCountAsync(client, a.URL+"/mcp", session, steps)
@@ -434,14 +427,7 @@ func TestClusterOwnerAForwardQueuedAtAnOwnerThatDiedIsServedAfterTheTakeover(t *
 	c := startOwnerCluster(t, clusterOptions{State: redisState(startRedis(t)), PHPWorkers: 2})
 	a, b := c.Instances[0], c.Instances[1]
 	client := &http.Client{Timeout: 40 * time.Second}
-	resp, body := post(t, client, b.URL+"/mcp", "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"go-test","version":"1"}}}`)
-	session := resp.Header.Get("Mcp-Session-Id")
-	if resp.StatusCode != http.StatusOK || session == "" {
-		t.Fatalf("initialize on %s: status %d, body %s", b.Name, resp.StatusCode, body)
-	}
-	if resp, body := post(t, client, b.URL+"/mcp", session, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("notifications/initialized on %s: status %d, body %s", b.Name, resp.StatusCode, body)
-	}
+	session := openSession(t, client, b.URL+"/mcp")
 	pid := b.proc.cmd.Process.Pid
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
