@@ -263,7 +263,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.ownerConfigs.Add(1)
 		h.owners.SetTTL(cfg.SessionTTL)
 		h.owners.SetPinned(h.pinned())
-		if h.pinned() && h.owners.Self() != owner.IDFor(h.instanceName) {
+		if h.pinned() {
+			// Known at once, so that an instance started again renews its
+			// lease before any request reaches it.
+			h.owners.Members().SetAddr(h.advertise)
+		}
+		if h.pinned() && h.owners.Self() != owner.IDFor(h.instanceName, h.Name) {
 			h.logger.Warn("upstream_sessions instance: this instance keeps the ID it started with until it restarts; "+
 				"sessions it creates meanwhile are lost at that restart",
 				zap.String("instance_name", h.instanceName))
@@ -535,12 +540,15 @@ func (h *Handler) validateUpstreamSessions() error {
 	if h.Order != orderOwner && h.Order != orderCluster {
 		return fmt.Errorf("upstream_sessions instance needs order owner (order is %s): a session must reach the instance whose upstream holds it", h.Order)
 	}
+	if h.Advertise == "" {
+		// Without it an instance started again could not renew its lease
+		// before a request told it its address, and over TLS its sessions
+		// would record none.
+		return fmt.Errorf("upstream_sessions instance needs advertise: the host:port where the other instances reach this one, such as {env.POD_IP}:8080")
+	}
 	h.instanceName = caddy.NewReplacer().ReplaceAll(h.InstanceName, "")
 	if h.instanceName == "" {
 		h.instanceName = caddy.NewReplacer().ReplaceAll(h.Advertise, "")
-	}
-	if h.instanceName == "" {
-		return fmt.Errorf("upstream_sessions instance needs instance_name (a name this instance keeps across its restarts, such as {env.HOSTNAME}) or advertise")
 	}
 	return nil
 }
@@ -553,7 +561,7 @@ func (h *Handler) pinned() bool { return h.UpstreamSessions == upstreamSessionsI
 // new at each start.
 func (h *Handler) instanceID() string {
 	if h.pinned() {
-		return owner.IDFor(h.instanceName)
+		return owner.IDFor(h.instanceName, h.Name)
 	}
 	return owner.NewID()
 }

@@ -19,7 +19,7 @@ func TestOrderOwnerIsRefusedWhereItCannotWork(t *testing.T) {
 		{"order owner", "order owner needs shared state that records session owners (state redis)"},
 		{"state redis\n\t\torder owner\n\t\tadvertise 10.0.0.5", "advertise: want host:port"},
 		{"state redis\n\t\torder local\n\t\tadvertise 10.0.0.5:8080", "advertise is for order owner only"},
-		{"state redis\n\t\tupstream_sessions instance", "upstream_sessions instance needs instance_name"},
+		{"state redis\n\t\tupstream_sessions instance\n\t\tinstance_name a", "upstream_sessions instance needs advertise"},
 		{"state redis\n\t\torder local\n\t\tupstream_sessions instance\n\t\tinstance_name a", "upstream_sessions instance needs order owner"},
 		{"state redis\n\t\tinstance_name a", "instance_name is for upstream_sessions instance only"},
 		{"state redis\n\t\tupstream_sessions replica", `upstream_sessions: unknown value "replica"`},

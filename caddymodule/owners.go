@@ -127,18 +127,17 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 	}
 	id, keyed := info.owned()
 	here := h.hereAddr(r)
-	if here != "" && h.pinned() {
-		// Renewing its lease needs it: an instance started again meets
-		// its sessions' requests, forwarded ones too, before it creates
-		// any.
-		h.owners.Members().SetAddr(here)
-	}
 	if sentTo := r.Header.Get(ownerHeader); sentTo != "" {
 		// Both are the hop's own: the client's Expect was answered where
 		// it arrived.
 		r.Header.Del(ownerHeader)
 		r.Header.Del("Expect")
 		w.Header().Set(servedByHeader, h.owners.Self())
+		if h.pinned() && !keyed && sentTo == h.owners.Self() && info.idOwner == sentTo {
+			// Only this instance's upstream can hold a session whose id
+			// names it, whatever its record says, or if it has none.
+			return false, nil
+		}
 		if h.owners.Serves(r.Context(), h.ownerStore, id, sentTo) {
 			return false, nil
 		}
@@ -176,8 +175,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 				"this MCP session moved to another instance while its large request was on its way; retry", reqID)
 		}
 		if o == owner.Gone {
-			return true, h.reject(w, r, "owner_gone", http.StatusNotFound, codeSessionNotFound,
-				"session not found: the instance whose MCP server held this session is gone; start a new session", reqID)
+			return true, h.rejectGone(w, r, reqID)
 		}
 		if !forward && !wait {
 			return false, nil
@@ -200,13 +198,18 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		}
 		if forward {
 			res, err := h.forward(w, r, o, raw, through)
+			if res != forwardAnswered && res != forwardFailed && h.pinned() && !keyed && h.lapsed(o.ID) {
+				// Nothing answers as the instance, whose lease lapsed: it
+				// is gone, and its upstream held the session.
+				return true, h.rejectGone(w, r, reqID)
+			}
 			switch res {
 			case forwardAnswered:
 				if r.Method == http.MethodDelete && !keyed {
 					h.owners.Forget(id)
 				}
 				return true, err
-			case forwardFailed:
+			case forwardFailed, forwardForeign:
 				return true, h.reject(w, r, "owner_failed", http.StatusBadGateway, codeServerError,
 					"the instance serving this MCP session failed before it answered; the request may have reached the MCP server", reqID)
 			case forwardNotOwner:
@@ -226,6 +229,20 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 			return true, nil // the client left: nothing to answer
 		}
 	}
+}
+
+// lapsed reports whether instance id's lease has been seen lapsed.
+func (h *Handler) lapsed(id string) bool {
+	live, _ := h.owners.Members().Status(id)
+	return live == owner.Lapsed
+}
+
+// rejectGone answers a request of a session whose instance, the only one
+// whose upstream held it, is gone: 404, as the MCP SDKs answer a session
+// they do not know, so that the client starts a new one at once.
+func (h *Handler) rejectGone(w http.ResponseWriter, r *http.Request, reqID []byte) error {
+	return h.reject(w, r, "owner_gone", http.StatusNotFound, codeSessionNotFound,
+		"session not found: the instance whose MCP server held this session is gone; start a new session", reqID)
 }
 
 // rejectOwnerUnreachable answers a request whose owner could not be
@@ -306,6 +323,7 @@ const (
 	forwardUnreachable                      // the owner could not be dialed, or broke before it took the body: not served
 	forwardNotOwner                         // the instance there does not serve the session
 	forwardFailed                           // sent, then failed before any answer: not sent again
+	forwardForeign                          // something other than the owner answered: not passed on
 )
 
 // forward sends r to o and passes its answer on as it comes. A body
@@ -332,7 +350,6 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner,
 	parent := r.Context()
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	go h.cancelOnLapse(ctx, cancel, o.ID)
 	r = r.WithContext(ctx)
 	r.Header = r.Header.Clone()
 	// A client's own Expect was answered here, as its body was read.
@@ -352,6 +369,11 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner,
 			GotConn: func(httptrace.GotConnInfo) { taken() },
 		}))
 	}
+	// A pinned session's owner is cut only while it has not taken the
+	// request: nobody else can serve the session, and an owner cut off
+	// from the engine alone still answers.
+	mayCut := func() bool { return !h.pinned() || body != nil && !body.taken.Load() }
+	go h.cancelOnLapse(ctx, cancel, o.ID, mayCut)
 	defer func() {
 		// The proxy panics with http.ErrAbortHandler when the answer breaks
 		// off after its status went out (the client left mid-stream, as
@@ -374,7 +396,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner,
 			h.logger.Warn("something other than the instance owning a session answered at its address; its answer was not passed on",
 				zap.String("owner", o.Addr), zap.Int("suppressed", suppressed))
 		}
-		return forwardFailed, nil
+		return forwardForeign, nil
 	case ow.notOwner:
 		metrics.forwards.WithLabelValues("not_owner").Inc()
 		return forwardNotOwner, nil
@@ -507,8 +529,8 @@ func (w *ownerReplyWriter) Flush() {
 }
 
 // cancelOnLapse cancels a forward to owner id once its lease is seen
-// lapsed, until ctx ends.
-func (h *Handler) cancelOnLapse(ctx context.Context, cancel context.CancelFunc, id string) {
+// lapsed, until ctx ends, if mayCut then says so.
+func (h *Handler) cancelOnLapse(ctx context.Context, cancel context.CancelFunc, id string, mayCut func() bool) {
 	t := time.NewTicker(forwardRetryEvery)
 	defer t.Stop()
 	for {
@@ -516,8 +538,10 @@ func (h *Handler) cancelOnLapse(ctx context.Context, cancel context.CancelFunc, 
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if live, _ := h.owners.Members().Status(id); live == owner.Lapsed {
-				cancel()
+			if h.lapsed(id) {
+				if mayCut() {
+					cancel()
+				}
 				return
 			}
 		}

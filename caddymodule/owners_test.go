@@ -47,9 +47,10 @@ func startOwnerInstances(t testing.TB, upstream string, settings ...string) *own
 	}
 	redisAddr := redistest.Start(t)
 	adminPort, pa, pb, pf := testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t), testnet.FreePort(t)
-	// A setting may differ between the instances: {instance} is its name.
+	// A setting may differ between the instances: {instance} is its name,
+	// {port} its port.
 	instance := func(name string, port int, redisLogin string) string {
-		extra := strings.ReplaceAll(extra, "{instance}", name)
+		extra := strings.NewReplacer("{instance}", name, "{port}", strconv.Itoa(port)).Replace(extra)
 		return fmt.Sprintf(`http://127.0.0.1:%d {
 	metrics /metrics
 	mcp_serializer {

@@ -48,18 +48,31 @@ func NewID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// IDFor returns the instance ID of the instance named name: the same at
-// each of its starts, so that the sessions its upstream keeps in memory
-// come back to it after its restart.
-func IDFor(name string) string {
-	sum := sha256.Sum256([]byte("mcp_serializer instance\x00" + name))
+// IDFor returns the ID of the session table named table on the instance
+// named name: the same at each of its starts, so that the sessions its
+// upstream keeps in memory come back to it after its restart, and
+// another for each table, whose sessions another upstream holds.
+func IDFor(name, table string) string {
+	sum := sha256.Sum256([]byte("mcp_serializer instance\x00" + name + "\x00" + table))
 	return hex.EncodeToString(sum[:8])
 }
 
 // Gone is the owner Route names, with pinned sessions (SetPinned), for a
-// session whose instance's lease has lapsed for good: only that
-// instance's upstream held the session, so nobody can serve it now.
+// session whose instance's lease has lapsed and whose address is unknown:
+// only that instance's upstream held the session, so nobody can serve it
+// now.
 var Gone = Owner{ID: "gone"}
+
+// lapsedPinned routes a pinned session whose instance's lease has lapsed:
+// to its last address, since it may live on, cut off from the engine
+// (the caller answers Gone if nothing answers there as that instance),
+// or Gone if that is unknown.
+func (d *Directory) lapsedPinned(id, addr string) (Owner, bool, bool) {
+	if addr == "" {
+		return Gone, false, false
+	}
+	return Owner{ID: id, Addr: addr}, true, false
+}
 
 // Store is where owners are recorded: with each session's record in the
 // state engine. Calls are bounded by the store.
@@ -252,18 +265,29 @@ func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) 
 			if named != "" {
 				live, addr = d.members.Status(named)
 			}
+			if d.pinned.Load() && named != "" {
+				// Only the named instance's upstream holds the session:
+				// never served here, nor claimed.
+				switch live, addr = d.liveness(ctx, named); live {
+				case Alive:
+					if addr != "" {
+						return Owner{ID: named, Addr: addr}, true, false
+					}
+				case Lapsed:
+					return d.lapsedPinned(named, addr)
+				}
+				return Owner{}, false, true
+			}
 			switch c, claims := s.(Claimer); {
 			case live == Alive && addr != "":
 				return Owner{ID: named, Addr: addr}, true, false
-			case live == Lapsed && d.pinned.Load():
-				return Gone, false, false
 			case (live == Lapsed || refused) && claims:
 				return d.claimLost(ctx, c, id, here)
 			}
 			return Owner{}, false, false
 		}
 	}
-	return d.routeTo(ctx, s, id, o, here)
+	return d.routeTo(ctx, s, id, o, here, false)
 }
 
 // RouteKey is Route for a key's queue, which has no record until an
@@ -306,7 +330,7 @@ func (d *Directory) RouteKey(ctx context.Context, s Claimer, id, here string) (o
 // lapsed owner is kept on trial, so that its next requests claim it again
 // (the record lives only as long as the previous owner's last claim).
 func (d *Directory) routeKeyTo(ctx context.Context, s Store, id string, o Owner, here string) (Owner, bool, bool) {
-	o, forward, wait := d.routeTo(ctx, s, id, o, here)
+	o, forward, wait := d.routeTo(ctx, s, id, o, here, true)
 	if !forward && !wait && o.ID == d.self {
 		d.mu.Lock()
 		if k, ok := d.known[id]; ok && !k.key {
@@ -390,12 +414,12 @@ func (d *Directory) rememberKey(id string, o Owner, trial bool) {
 
 // routeTo says where a request goes whose session (or key) o owns: the
 // zero Owner for a record that names none (its owner handed it over).
-func (d *Directory) routeTo(ctx context.Context, s Store, id string, o Owner, here string) (Owner, bool, bool) {
+func (d *Directory) routeTo(ctx context.Context, s Store, id string, o Owner, here string, key bool) (Owner, bool, bool) {
 	if o.ID == d.self {
 		return o, false, false
 	}
 	if o.ID == "" {
-		return d.takeOver(ctx, s, id, o, here)
+		return d.takeOver(ctx, s, id, o, here, key)
 	}
 	live, addr := d.liveness(ctx, o.ID)
 	if live == Lapsed {
@@ -403,10 +427,10 @@ func (d *Directory) routeTo(ctx context.Context, s Store, id string, o Owner, he
 		// owner could renew.
 		d.members.Refresh(ctx)
 		if live, addr = d.members.Status(o.ID); live == Lapsed {
-			if d.pinned.Load() {
-				return Gone, false, false
+			if d.pinned.Load() && !key {
+				return d.lapsedPinned(o.ID, addr)
 			}
-			return d.takeOver(ctx, s, id, o, here)
+			return d.takeOver(ctx, s, id, o, here, key)
 		}
 	}
 	if live != Alive {
@@ -510,7 +534,7 @@ func (d *Directory) refusedBy(id string) string {
 	return d.refused[id]
 }
 
-func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner, here string) (Owner, bool, bool) {
+func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner, here string, key bool) (Owner, bool, bool) {
 	if here == "" {
 		return Owner{}, false, false // no address to be reached at: served here, not recorded
 	}
@@ -540,7 +564,7 @@ func (d *Directory) takeOver(ctx context.Context, s Store, id string, from Owner
 		d.takeovers.Add(1)
 		return o, false, false
 	}
-	return d.routeTo(ctx, s, id, o, here)
+	return d.routeTo(ctx, s, id, o, here, key)
 }
 
 // claimLost makes this instance the owner of session id, whose record is
@@ -565,7 +589,7 @@ func (d *Directory) claimLost(ctx context.Context, c Claimer, id, here string) (
 		d.takeovers.Add(1)
 		return o, false, false
 	}
-	return d.routeTo(ctx, c, id, o, here)
+	return d.routeTo(ctx, c, id, o, here, false)
 }
 
 // Release hands every session this instance owns over: each record then
@@ -684,11 +708,6 @@ func (d *Directory) Serves(ctx context.Context, s Store, id, ownerID string) boo
 			d.rememberKey(id, now, true)
 			return false
 		}
-		return true
-	}
-	if !ok && d.pinned.Load() {
-		// Only this instance's upstream can hold a session whose id
-		// names it, whatever its record says (or if it has none).
 		return true
 	}
 	if !ok {

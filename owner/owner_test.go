@@ -742,7 +742,7 @@ func TestTheWaitForAPreviousOwnerEndsAtItsDeadlineOrWithoutAStore(t *testing.T) 
 	store.memStore.owners["s"] = ownerA.String()
 	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
 	b := newRealDir(ownerB.ID)
-	b.takeOver(bg, store, "s", ownerA, ownerB.Addr)
+	b.takeOver(bg, store, "s", ownerA, ownerB.Addr, false)
 	if b.AwaitPrevious(bg, store.get, "s", time.Now().Add(50*time.Millisecond)) {
 		t.Fatal("AwaitPrevious went while the mark had an hour left, past its deadline")
 	}
@@ -1539,7 +1539,7 @@ func tookOverWhileMarked(t *testing.T) (*runningStore, *Directory) {
 	_ = store.MarkRunning(bg, "s", ownerA.String(), time.Hour)
 	<-store.marked
 	b := newRealDir(ownerB.ID)
-	if o, forward, _ := b.takeOver(bg, store, "s", ownerA, ownerB.Addr); forward || o != ownerB {
+	if o, forward, _ := b.takeOver(bg, store, "s", ownerA, ownerB.Addr, false); forward || o != ownerB {
 		t.Fatalf("after the takeover: %v, forward %v; want served here", o, forward)
 	}
 	return store, b

@@ -158,3 +158,14 @@ func FuzzSessionIDOwner(f *testing.F) {
 		}
 	})
 }
+
+// Two session tables of one instance, two MCP endpoints whose sessions
+// two upstreams hold, never share an ID, whatever their instance name.
+func TestIDForDiffersBetweenTablesOfOneInstance(t *testing.T) {
+	if IDFor("replica-1", "a") == IDFor("replica-1", "b") {
+		t.Fatal("two tables of one instance share an ID")
+	}
+	if IDFor("replica-1", "a") != IDFor("replica-1", "a") || !isInstanceID(IDFor("replica-1", "a")) {
+		t.Fatal("IDFor is not a stable instance ID")
+	}
+}
