@@ -229,7 +229,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if h.Order == orderOwner {
 			cfg.GateReadAfter = ownerGateReadAfter
 			h.ownerStore = shared
-			forwarder, err := newForwarder(ctx, cfg.QueueTimeout)
+			forwarder, err := newForwarder(ctx)
 			if err != nil {
 				return err
 			}

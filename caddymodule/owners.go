@@ -58,16 +58,20 @@ const statusClientClosed = 499
 const (
 	forwardDialTimeout = 2 * time.Second
 	forwardRetryEvery  = 250 * time.Millisecond
+	// forwardUnaskedNever is the transport's wait for the owner's ask
+	// for a body, after which it would send the body unasked: longer
+	// than any request waits.
+	forwardUnaskedNever = 24 * time.Hour
 )
 
 // newForwarder provisions the reverse proxy that takes requests to their
 // session's owner: the dial address and owner's ID come from this
 // handler's placeholders, never from the request, and SSE responses flow
-// back as they are written. A body waits for the owner to ask for it for
-// as long as the request may wait (queueTimeout): an owner asks at once
-// as it reads the body, and one frozen with the forward queued at its
-// listener must not get the body before it is seen gone.
-func newForwarder(ctx caddy.Context, queueTimeout time.Duration) (*reverseproxy.Handler, error) {
+// back as they are written. A body is never sent before the owner asks
+// for it (forwardUnaskedNever; the forward is cut at the request's
+// deadline instead): an owner asks at once as it reads the body, and one
+// frozen with the forward queued at its listener must never get it.
+func newForwarder(ctx caddy.Context) (*reverseproxy.Handler, error) {
 	// A new connection for each forward: a stopping owner closes its idle
 	// ones, and a request sent on one just as it closes fails after it
 	// may have been sent; a refused dial is retried safely instead.
@@ -78,7 +82,7 @@ func newForwarder(ctx caddy.Context, queueTimeout time.Duration) (*reverseproxy.
 	transport := &reverseproxy.HTTPTransport{
 		DialTimeout:           caddy.Duration(forwardDialTimeout),
 		KeepAlive:             &reverseproxy.KeepAlive{Enabled: &keepAlive, ProbeInterval: caddy.Duration(time.Second)},
-		ExpectContinueTimeout: caddy.Duration(queueTimeout),
+		ExpectContinueTimeout: caddy.Duration(forwardUnaskedNever),
 	}
 	proxy := &reverseproxy.Handler{
 		TransportRaw:  caddyconfig.JSONModuleObject(transport, "protocol", "http", nil),
@@ -197,7 +201,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 			}
 		}
 		if forward {
-			res, err := h.forward(w, r, o, raw, through)
+			res, err := h.forward(w, r, o, raw, through, deadline)
 			if res != forwardAnswered && res != forwardFailed && h.pinned() && !keyed && h.lapsed(o.ID) {
 				// Nothing answers as the instance, whose lease lapsed: it
 				// is gone, and its upstream held the session.
@@ -336,7 +340,7 @@ const (
 // before its answer counts as failed. taken is called once the owner has
 // the request: it took the body, or, without one, a connection to it was
 // made.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner, raw []byte, taken func()) (forwardResult, error) {
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner, raw []byte, taken func(), deadline time.Time) (forwardResult, error) {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
 		return forwardUnreachable, nil
@@ -372,8 +376,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner,
 	// A pinned session's owner is cut only while it has not taken the
 	// request: nobody else can serve the session, and an owner cut off
 	// from the engine alone still answers.
-	mayCut := func() bool { return !h.pinned() || body != nil && !body.taken.Load() }
-	go h.cancelOnLapse(ctx, cancel, o.ID, mayCut)
+	untaken := func() bool { return body != nil && !body.taken.Load() }
+	mayCut := func() bool { return !h.pinned() || untaken() }
+	go h.cancelForward(ctx, cancel, o.ID, mayCut, untaken, deadline)
 	defer func() {
 		// The proxy panics with http.ErrAbortHandler when the answer breaks
 		// off after its status went out (the client left mid-stream, as
@@ -528,9 +533,11 @@ func (w *ownerReplyWriter) Flush() {
 	}
 }
 
-// cancelOnLapse cancels a forward to owner id once its lease is seen
-// lapsed, until ctx ends, if mayCut then says so.
-func (h *Handler) cancelOnLapse(ctx context.Context, cancel context.CancelFunc, id string, mayCut func() bool) {
+// cancelForward cancels a forward to owner id, until ctx ends, once the
+// owner's lease is seen lapsed if mayCut then says so, or at the
+// request's deadline while untaken: a body the owner has not asked for
+// by then is never sent.
+func (h *Handler) cancelForward(ctx context.Context, cancel context.CancelFunc, id string, mayCut, untaken func() bool, deadline time.Time) {
 	t := time.NewTicker(forwardRetryEvery)
 	defer t.Stop()
 	for {
@@ -538,10 +545,12 @@ func (h *Handler) cancelOnLapse(ctx context.Context, cancel context.CancelFunc, 
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if h.lapsed(id) {
-				if mayCut() {
-					cancel()
-				}
+			switch {
+			case h.lapsed(id) && mayCut():
+				cancel()
+				return
+			case time.Now().After(deadline) && untaken():
+				cancel()
 				return
 			}
 		}

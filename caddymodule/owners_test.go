@@ -926,14 +926,16 @@ func TestAPartitionBetweenInstancesCosts503sNeverTwoServers(t *testing.T) {
 
 // A hop to the owner that accepts connections and then answers nothing
 // (a middlebox that accepts for it, or a network that drops packets once
-// the handshake is done) holds a request forwarded there past
-// queue_timeout: the dial succeeded, so the request may have reached the
-// owner, and the owner's lease stands, so it is neither answered 503 nor
-// served elsewhere. Only its client's leaving ends it. (A hop that drops
-// the handshake too fails the dial after forwardDialTimeout, as a refused
-// one fails it at once, and the request is answered 503 at queue_timeout:
+// the handshake is done) holds a request without a body (a DELETE)
+// forwarded there past queue_timeout: it may have reached the owner, and
+// the owner's lease stands, so it is neither answered 503 nor served
+// elsewhere. Only its client's leaving ends it. (A request with a body
+// is answered 503 at queue_timeout, its body never sent:
+// TestAForwardTheOwnerNeverAsksForEndsAtQueueTimeoutWithItsBodyUnsent. A
+// hop that drops the handshake too fails the dial after
+// forwardDialTimeout, as a refused one fails it at once:
 // TestAPartitionBetweenInstancesCosts503sNeverTwoServers.)
-func TestABlackHoledHopToALiveOwnerHoldsTheRequestUntilItsClientLeaves(t *testing.T) {
+func TestABlackHoledHopToALiveOwnerHoldsABodilessRequestUntilItsClientLeaves(t *testing.T) {
 	const queueTimeout = 2 * time.Second
 	up, in, relay, cid := startOwnerBehindRelay(t, "queue_timeout "+queueTimeout.String())
 	ctx := context.Background()
@@ -943,9 +945,9 @@ func TestABlackHoledHopToALiveOwnerHoldsTheRequestUntilItsClientLeaves(t *testin
 	clientCtx, leave := context.WithTimeout(ctx, waited)
 	defer leave()
 	began := time.Now()
-	a := call(clientCtx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("3", "tools/call"))
+	a := call(clientCtx, http.DefaultClient, http.MethodDelete, in.b, cid, "")
 	if a.err == nil {
-		t.Fatalf("across the black hole: answered %d after %v: %s; want no answer while the client waits (%v, past queue_timeout %v)",
+		t.Fatalf("a DELETE across the black hole: answered %d after %v: %s; want no answer while the client waits (%v, past queue_timeout %v)",
 			a.status, time.Since(began).Round(time.Millisecond), a.body, waited, queueTimeout)
 	}
 	if relay.heldConns() != 1 {
@@ -1202,5 +1204,33 @@ func TestAForwardReachingAnInstanceThatTurnedOrderOwnerOffIsAnswered421(t *testi
 	}
 	if n := len(up.requests()) - before; n != 0 {
 		t.Fatalf("the upstream ran the forward %d times at a, want none", n)
+	}
+}
+
+// A forward whose owner never asks for the body (frozen, its kernel
+// holding the connection) is cut at the request's queue_timeout and
+// answered 503, its body never sent: every wait has its bound.
+func TestAForwardTheOwnerNeverAsksForEndsAtQueueTimeoutWithItsBodyUnsent(t *testing.T) {
+	_, in, relay, cid := startOwnerBehindRelay(t, "queue_timeout 2s")
+	var bodyBytes atomic.Int64
+	relay.breakNext(func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err == nil {
+			n, _ := io.Copy(io.Discard, br) // until the forward is cut
+			bodyBytes.Store(n)
+		}
+		c.Close()
+	})
+	// Later forwards find the owner frozen too.
+	relay.hold()
+	ctx, leave := context.WithTimeout(context.Background(), time.Minute)
+	defer leave()
+	a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("3", "tools/call"))
+	if a.status != http.StatusServiceUnavailable || a.header.Get("Retry-After") == "" {
+		t.Fatalf("a forward the owner never asked for: %d %s %v; want 503 with Retry-After at queue_timeout", a.status, a.body, a.err)
+	}
+	<-relay.broke
+	if n := bodyBytes.Load(); n != 0 {
+		t.Fatalf("the forward sent %d bytes of body the owner never asked for", n)
 	}
 }
