@@ -113,6 +113,8 @@ type failedCall struct {
 	BeganAt float64 `json:"beganAt"`
 	EndedAt float64 `json:"endedAt"`
 	Reason  string  `json:"reason"`
+	// ByNginx: the answer was nginx's own error page, not an instance's.
+	ByNginx bool `json:"byNginx"`
 }
 
 // inflightRun is the client's inflight mode through the front, running in
@@ -470,7 +472,8 @@ func TestClusterRoundRobinWithoutFaultsRunsNoSessionsCallsAtOnce(t *testing.T) {
 // for until it exited, started again on its port and waited for until it
 // answers, and the next follows once overlapEvery more calls have ended.
 // A stopping owner finishes what it holds; no session's calls may run at
-// once meanwhile, and no call fails, behind each round-robin front.
+// once meanwhile, and no call fails, behind each round-robin front, but
+// for nginx's own 502 to a POST a stopping instance never read.
 func TestClusterRoundRobinRollingDeployRunsNoSessionsCallsAtOnce(t *testing.T) {
 	prerequisites(t)
 	for _, front := range roundRobinFronts {
@@ -486,7 +489,16 @@ func TestClusterRoundRobinRollingDeployRunsNoSessionsCallsAtOnce(t *testing.T) {
 			}
 			run.waitCalls(t, next)
 			run.stop(t)
-			wantNoCallsAtOnce(t, c, run.wait(t), began, nil)
+			if front != nginxRoundRobin {
+				wantNoCallsAtOnce(t, c, run.wait(t), began, nil)
+				return
+			}
+			// nginx answers 502 itself to a POST it sent on a connection a
+			// stopping instance closed before reading it (its queue at the
+			// closed listener, or an idle connection closed just then):
+			// examples/cluster/nginx.conf keeps non_idempotent out of
+			// proxy_next_upstream rather than risk running a call twice.
+			wantNoCallsAtOnceExcusing(t, c, run.wait(t), began, "answered by nginx itself", func(f failedCall) bool { return f.ByNginx })
 		})
 	}
 }

@@ -778,7 +778,9 @@ async function inflightSession(opts, run, index, control, onEnded) {
         if (failure) {
           run.failedCalls += 1;
           run.failures[failure.reason] = (run.failures[failure.reason] ?? 0) + 1;
-          run.failedCallTimes.push({ beganAt, endedAt, reason: failure.reason });
+          // nginx's own error page: the front answered, not an instance.
+          const byNginx = /<center>nginx[^<]*<\/center>/.test(failure.detail ?? '');
+          run.failedCallTimes.push({ beganAt, endedAt, reason: failure.reason, byNginx });
           if (run.samples.length < MAX_SAMPLES) run.samples.push(`#${index} lane ${l} call ${round}: ${failure.detail.slice(0, 300)}`);
         }
         onEnded();
