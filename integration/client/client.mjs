@@ -6,6 +6,7 @@
 //   node client.mjs pipeline --url URL [--n 200] [--concurrency 8] [--get open|skip]
 //   node client.mjs sessions --url URL [--n 500] [--concurrency 8] [--timeout 20000]
 //   node client.mjs inflight --url URL [--n 6] [--concurrency N] [--lanes 2] [--rounds 3] [--steps 2 --steps-max 6] [--events]
+//   node client.mjs hold     --url URL [--n 30] [--timeout 20000]
 //
 // Human-readable progress goes to stderr; the last line on stdout is one JSON
 // object with the results, for the Go tests to parse.
@@ -88,6 +89,24 @@
 //   0 of each user in by e-mail address (<user>@example.test). `--passwords distinct` gives
 //   each client of a user a password of its own (as WordPress's Application
 //   Passwords are made, one per client); `shared` (the default), one.
+//
+// hold: `--n` (30) sessions, all at once, each opened with a pipelined
+//   connect as the pipeline mode's (initialize awaited, then
+//   `notifications/initialized`, `logging/setLevel` and `tools/list` without
+//   waiting), then held open and used in rounds on the test's word, so that
+//   a test can stop or kill what serves them between rounds or during one.
+//   Reads stdin: `round` sends one tools/call `echo` on every session at
+//   once, `round slow N` one `slow_count` to N with a progressToken; `stop`
+//   (or stdin closing) deletes every session (DELETE) and ends the run.
+//   Says on stdout, as it happens: `session I ID` when slot I has a
+//   (new) session, `ready N` once every slot has tried to open,
+//   `progress R I` at the first progress of slot I's call in round R,
+//   `failed R I REASON` when a call fails, `answered R I` when it is
+//   answered right, `done R` once every slot has ended round R. A call
+//   answered 404 means the session is gone: the slot opens a new session at
+//   once (`session I ID`) and sends the call again there. The final line
+//   has each session's requests that carried its id (GET excepted) and their
+//   statuses, and every failure with the start of its answer's body.
 
 import { performance } from 'node:perf_hooks';
 import readline from 'node:readline';
@@ -129,7 +148,7 @@ function parseArgs(argv) {
       default: throw new Error(`unknown argument ${arg}`);
     }
   }
-  if (!['flow', 'pipeline', 'sessions', 'calls', 'users', 'inflight'].includes(mode)) throw new Error('mode must be flow, pipeline, sessions, calls, users or inflight');
+  if (!['flow', 'pipeline', 'sessions', 'calls', 'users', 'inflight', 'hold'].includes(mode)) throw new Error('mode must be flow, pipeline, sessions, calls, users, inflight or hold');
   opts.stepsMax ??= mode === 'inflight' ? 6 : opts.steps;
   if (mode === 'inflight') {
     if (!rest.includes('--steps')) opts.steps = 2;
@@ -178,7 +197,8 @@ const sameIds = (a, b) => {
 
 // A fetch for the SDK transport that records every HTTP exchange and checks
 // that a JSON reply carries exactly the ids of the requests it answers.
-function recordingFetch(stats, { skipGet = false } = {}) {
+// With errorBodies, an answer that is not a 2xx keeps the start of its body.
+function recordingFetch(stats, { skipGet = false, errorBodies = false } = {}) {
   return async (input, init = {}) => {
     const method = (init.method ?? 'GET').toUpperCase();
     if (method === 'GET' && skipGet) {
@@ -187,6 +207,7 @@ function recordingFetch(stats, { skipGet = false } = {}) {
       return response;
     }
     const requestIds = method === 'POST' && typeof init.body === 'string' ? requestIdsOf(init.body) : [];
+    const session = new Headers(init.headers ?? {}).get('mcp-session-id');
     let response;
     try {
       response = await fetch(input, init);
@@ -199,7 +220,11 @@ function recordingFetch(stats, { skipGet = false } = {}) {
     const contentType = response.headers.get('content-type') ?? '';
     const exchange = { method, status: response.status, at: now(), contentType: contentType.split(';')[0].trim() };
     if (requestIds.length > 0) exchange.requestIds = requestIds;
+    if (session) exchange.session = session;
     stats.exchanges.push(exchange);
+    if (!response.ok && errorBodies) {
+      exchange.body = (await response.clone().text().catch((err) => String(err?.message ?? err))).slice(0, 300);
+    }
     if (requestIds.length > 0 && response.ok && contentType.startsWith('application/json')) {
       try {
         const replyIds = idsOf(await response.clone().json());
@@ -293,15 +318,15 @@ async function flow(opts) {
   return out;
 }
 
-// One pipelined connect; returns its outcome and adds to the run's counters.
-// afterInitialize is awaited between initialize's answer and the
-// follow-ups.
-async function pipelineConnect(opts, run, afterInitialize = async () => {}) {
-  const stats = { exchanges: [] };
-  const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
-    fetch: recordingFetch(stats, { skipGet: opts.get === 'skip' }),
-    reconnectionOptions: noReconnect,
-  });
+// rawRequests drives an SDK transport by hand, as the Inspector's proxy
+// does: request(id, method, params) sends one JSON-RPC request without
+// waiting for any other and returns { sent, reply }. reply resolves with
+// the reply, or with undefined when none will come (an HTTP error, a JSON
+// answer without this id, or nothing within timeoutMs, counted in
+// run.timeouts); a reply nobody waits for counts in run.unexpectedReplies.
+// onNotification gets the server's notifications. Call it before
+// transport.start().
+function rawRequests(transport, stats, run, { timeoutMs = REPLY_TIMEOUT_MS, onNotification = () => {} } = {}) {
   const waiters = new Map();
   transport.onmessage = (message) => {
     if (message && 'id' in message && ('result' in message || 'error' in message)) {
@@ -312,12 +337,11 @@ async function pipelineConnect(opts, run, afterInitialize = async () => {}) {
       } else {
         run.unexpectedReplies += 1;
       }
+    } else if (message && typeof message.method === 'string' && !('id' in message)) {
+      onNotification(message);
     }
   };
-  transport.onerror = () => {}; // failures are counted from the exchanges and replies below
-  await transport.start();
-
-  const request = (id, method, params) => {
+  return (id, method, params) => {
     const reply = new Promise((resolve) => {
       // The timer also keeps the process alive while a lost reply is awaited.
       const timer = setTimeout(() => {
@@ -325,7 +349,7 @@ async function pipelineConnect(opts, run, afterInitialize = async () => {}) {
           run.timeouts += 1;
           resolve(undefined);
         }
-      }, REPLY_TIMEOUT_MS);
+      }, timeoutMs);
       waiters.set(id, (message) => {
         clearTimeout(timer);
         resolve(message);
@@ -350,6 +374,20 @@ async function pipelineConnect(opts, run, afterInitialize = async () => {}) {
     );
     return { sent, reply };
   };
+}
+
+// One pipelined connect; returns its outcome and adds to the run's counters.
+// afterInitialize is awaited between initialize's answer and the
+// follow-ups.
+async function pipelineConnect(opts, run, afterInitialize = async () => {}) {
+  const stats = { exchanges: [] };
+  const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
+    fetch: recordingFetch(stats, { skipGet: opts.get === 'skip' }),
+    reconnectionOptions: noReconnect,
+  });
+  const request = rawRequests(transport, stats, run);
+  transport.onerror = () => {}; // failures are counted from the exchanges and replies below
+  await transport.start();
 
   const problems = [];
   const noteReply = (what, reply) => {
@@ -919,7 +957,158 @@ async function users(opts) {
   return run;
 }
 
-const modes = { flow, pipeline, sessions, calls, users, inflight };
+// One session of the hold mode, opened with a pipelined connect.
+async function holdOpen(opts, run, slot) {
+  const stats = { exchanges: [] };
+  const transport = new StreamableHTTPClientTransport(new URL(opts.url), {
+    fetch: recordingFetch(stats, { errorBodies: true }),
+    reconnectionOptions: noReconnect,
+  });
+  const s = { slot, transport, stats, next: 0, progress: new Map(), opened: now() };
+  s.request = rawRequests(transport, stats, run, {
+    timeoutMs: opts.timeoutMs,
+    onNotification: (message) => {
+      const report = message.method === 'notifications/progress' && s.progress.get(message.params?.progressToken);
+      if (report) report();
+    },
+  });
+  transport.onerror = () => {}; // failures are judged from the replies and exchanges
+  run.holds.push(s);
+  await transport.start();
+  const expect = async (what, r, check = (reply) => reply.result !== undefined) => {
+    await r.sent.catch(() => {});
+    const reply = await r.reply;
+    if (reply === undefined || !check(reply)) throw new Error(`${what}: ${reply ? JSON.stringify(reply).slice(0, 200) : describeExchange(stats, r.id)}`);
+    return reply;
+  };
+  const init = s.request(s.next++, 'initialize', {
+    protocolVersion: LATEST_PROTOCOL_VERSION,
+    capabilities: {},
+    clientInfo: { name: 'mcp-serializer-hold', version: '1.0.0' },
+  });
+  init.id = s.next - 1;
+  const initReply = await expect('initialize', init);
+  if (!transport.sessionId) throw new Error('initialize: no session id');
+  transport.setProtocolVersion(initReply.result.protocolVersion);
+  s.sessionId = transport.sessionId;
+  const initialized = transport.send({ jsonrpc: '2.0', method: 'notifications/initialized' });
+  const setLevel = s.request(s.next++, 'logging/setLevel', { level: 'info' });
+  setLevel.id = s.next - 1;
+  const list = s.request(s.next++, 'tools/list', {});
+  list.id = s.next - 1;
+  const [sentInitialized] = await Promise.allSettled([initialized, setLevel.sent, list.sent]);
+  if (sentInitialized.status === 'rejected') throw new Error(`notifications/initialized: ${sentInitialized.reason?.message ?? sentInitialized.reason}`);
+  await expect('logging/setLevel', setLevel);
+  await expect('tools/list', list, (reply) => Array.isArray(reply.result?.tools));
+  process.stdout.write(`session ${slot} ${s.sessionId}\n`);
+  return s;
+}
+
+// describeExchange is what became of the request with this id: its HTTP
+// status and the start of the body, or that it had no answer.
+function describeExchange(stats, id) {
+  const ex = stats.exchanges.find((e) => e.requestIds?.includes(id));
+  if (!ex) return 'no answer';
+  return `HTTP ${ex.status}${ex.body ? ` ${ex.body}` : ''}`;
+}
+
+// One call of a round on slot's session; a 404 opens a new session and
+// sends the call again there.
+async function holdCall(opts, run, slots, slot, round, tool, steps) {
+  for (let attempt = 0; ; attempt++) {
+    const s = slots[slot];
+    const id = s.next++;
+    const text = `slot ${slot} round ${round}`;
+    const token = `r${round}-s${slot}-${attempt}`;
+    const params = tool === 'slow' ? { name: 'slow_count', arguments: { n: steps }, _meta: { progressToken: token } } : { name: 'echo', arguments: { text } };
+    const want = tool === 'slow' ? `counted to ${steps}` : text;
+    let reported = false;
+    s.progress.set(token, () => {
+      if (!reported) process.stdout.write(`progress ${round} ${slot}\n`);
+      reported = true;
+    });
+    const started = now();
+    const r = s.request(id, 'tools/call', params);
+    await r.sent.catch(() => {});
+    const reply = await r.reply;
+    s.progress.delete(token);
+    const got = reply?.result?.content?.[0]?.text;
+    if (got === want) {
+      process.stdout.write(`answered ${round} ${slot}\n`);
+      return;
+    }
+    const ex = s.stats.exchanges.find((e) => e.requestIds?.includes(id));
+    const reason = reply ? `answered ${JSON.stringify(reply).slice(0, 200)}` : describeExchange(s.stats, id);
+    run.failures.push({ round, slot, sessionId: s.sessionId, status: ex?.status ?? 'none', body: ex?.body ?? '', reason, startedAt: started, at: now() });
+    process.stdout.write(`failed ${round} ${slot} ${reason.replace(/\s+/g, ' ')}\n`);
+    if (ex?.status !== 404 || attempt > 0) return;
+    try {
+      slots[slot] = await holdOpen(opts, run, slot);
+      run.renewed += 1;
+    } catch (err) {
+      run.failedOpens += 1;
+      process.stdout.write(`failed ${round} ${slot} new session: ${String(err?.message ?? err).replace(/\s+/g, ' ')}\n`);
+      return;
+    }
+  }
+}
+
+async function hold(opts) {
+  const n = opts.n ?? 30;
+  const run = { mode: 'hold', n, rounds: 0, renewed: 0, failedOpens: 0, failures: [], unexpectedReplies: 0, timeouts: 0, holds: [] };
+  const started = performance.now();
+  const slots = await Promise.all(Array.from({ length: n }, (_, slot) => holdOpen(opts, run, slot).catch((err) => {
+    run.failedOpens += 1;
+    process.stdout.write(`failed 0 ${slot} open: ${String(err?.message ?? err).replace(/\s+/g, ' ')}\n`);
+    return undefined;
+  })));
+  process.stdout.write(`ready ${n}\n`);
+  log(`${n - run.failedOpens} of ${n} sessions open`);
+  const lines = readline.createInterface({ input: process.stdin });
+  for await (const line of lines) {
+    const [word, tool = 'echo', arg] = line.trim().split(/\s+/);
+    if (word === 'stop') break;
+    if (word !== 'round') continue;
+    const round = ++run.rounds;
+    const steps = Number.parseInt(arg ?? '5', 10);
+    await Promise.all(slots.map((s, slot) => (s ? holdCall(opts, run, slots, slot, round, tool, steps) : undefined)));
+    log(`round ${round} (${tool}): ${run.failures.filter((f) => f.round === round).length} calls failed`);
+    process.stdout.write(`done ${round}\n`);
+  }
+  lines.close();
+  process.stdin.destroy();
+  run.failedDeletes = 0;
+  await Promise.all(slots.map(async (s) => {
+    if (!s) return;
+    try {
+      await s.transport.terminateSession();
+    } catch (err) {
+      run.failedDeletes += 1;
+      run.failures.push({ round: 'delete', slot: s.slot, sessionId: s.sessionId, reason: String(err?.message ?? err).slice(0, 300) });
+    }
+  }));
+  await Promise.all(run.holds.map((s) => s.transport.close().catch(() => {})));
+  // Every session ever opened, with the requests that carried its id.
+  run.sessions = run.holds.filter((s) => s.sessionId).map((s) => {
+    const statuses = {};
+    let requests = 0;
+    let answered = 0;
+    for (const e of s.stats.exchanges) {
+      if (e.session !== s.sessionId || e.method === 'GET') continue;
+      requests += 1;
+      if (typeof e.status === 'number' && e.status >= 200 && e.status < 300) answered += 1;
+      statuses[`${e.method} ${e.status}`] = (statuses[`${e.method} ${e.status}`] ?? 0) + 1;
+    }
+    const gets = s.stats.exchanges.filter((e) => e.method === 'GET').map((e) => String(e.status));
+    return { slot: s.slot, sessionId: s.sessionId, opened: s.opened, requests, answered, statuses, gets };
+  });
+  delete run.holds;
+  run.elapsedMs = Math.round(performance.now() - started);
+  run.ok = run.failures.length === 0 && run.failedOpens === 0 && run.timeouts === 0 && run.unexpectedReplies === 0;
+  return run;
+}
+
+const modes = { flow, pipeline, sessions, calls, users, inflight, hold };
 
 async function main() {
   let opts;
