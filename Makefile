@@ -19,7 +19,7 @@ DEMO         := $(BIN)/demo-backend
 CLIENT_DEPS  := integration/client/node_modules/.package-lock.json
 DEMO_LISTEN  := 127.0.0.1:9081
 
-.PHONY: run cluster test deps lint fuzz bench caddy clean flakes
+.PHONY: run cluster stateful test deps lint fuzz bench caddy clean flakes
 
 $(XCADDY):
 	GOBIN=$(BIN) go install github.com/caddyserver/xcaddy/cmd/xcaddy@$(XCADDY_VERSION)
@@ -51,6 +51,13 @@ run: $(CADDY) $(DEMO)
 # all on loopback (examples/cluster).
 cluster: $(CADDY) $(DEMO)
 	CADDY=$(CADDY) DEMO_BACKEND=$(DEMO) examples/cluster/run
+
+# Redis, three replicas of the MCP TypeScript SDK's server keeping their
+# sessions in memory, a Caddy with mcp_serializer (upstream_sessions
+# instance) in front of each, and a round-robin front, all on loopback
+# (examples/stateful-replicas).
+stateful: $(CADDY)
+	CADDY=$(CADDY) examples/stateful-replicas/run
 
 # PHP-FPM, pdo_sqlite, Node.js >= 20, redis-server, nginx and haproxy, installed with
 # apt-get when missing (or the command to run is printed).
