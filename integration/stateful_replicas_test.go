@@ -1,0 +1,853 @@
+package integration
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mcpserializer/caddy-mcp-serializer/internal/testnet"
+	"github.com/mcpserializer/caddy-mcp-serializer/owner"
+)
+
+// MCP servers that keep their sessions in one replica's memory (the
+// official TypeScript SDK's server with sessions: v2server.mjs --legacy
+// sessions), three replicas, each behind its own Caddy run from
+// examples/stateful-replicas/instance.Caddyfile (`upstream_sessions
+// instance`, `instance_name replica-N`), one Redis, and a round-robin
+// front, Caddy's or nginx's. A replica answers a session it does not know
+// 404 "Session not found", and each replica logs every request it got,
+// with whether it named a session and its status: the tests judge there
+// which replica served what.
+
+const (
+	// statefulConnects is the pipelined connects of a run straight to the
+	// replicas and through the module.
+	statefulConnects = 60
+	// statefulSessions is the sessions the hold runs keep open: about ten
+	// a replica.
+	statefulSessions = 30
+	// statefulLapseBound bounds the wait, from a kill, for a request of a
+	// killed instance's session to be answered 404: its lease lapses 3 s
+	// after its last renewal and the others wait 3 s more (the lock
+	// delay), so 6–8 s on a machine at rest.
+	statefulLapseBound = 20 * time.Second
+	// statefulEventBound bounds every other wait for an event.
+	statefulEventBound = time.Minute
+)
+
+// statefulReplicas is the replicas, their instances (once started), Redis
+// and the front.
+type statefulReplicas struct {
+	Front    string // the front's base URL
+	replicas []*replica
+	redis    *redisServer
+}
+
+// replica is one v2server.mjs process and the Caddy in front of it.
+type replica struct {
+	Name  string // replica-1…: its instance's instance_name
+	Addr  string
+	log   string
+	proc  *process
+	caddy *caddyInstance
+	id    string // the instance ID its sessions' ids name
+}
+
+// startReplicaServers runs n replicas of v2server.mjs with sessions, each
+// on its own port with its own log.
+func startReplicaServers(t *testing.T, n int) *statefulReplicas {
+	t.Helper()
+	node, script := v2Script(t, "v2server.mjs")
+	rs := &statefulReplicas{}
+	for i := 1; i <= n; i++ {
+		r := &replica{Name: "replica-" + strconv.Itoa(i), Addr: "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))}
+		r.log = filepath.Join(t.TempDir(), r.Name+".log")
+		dumpOnFailure(t, r.Name, r.log)
+		_, port, _ := strings.Cut(r.Addr, ":")
+		cmd := exec.Command(node, script, "--port", port, "--legacy", "sessions")
+		cmd.Dir = filepath.Dir(script)
+		r.proc = startProcess(t, r.Name, cmd, r.log, syscall.SIGTERM, 5*time.Second)
+		waitTCP(t, r.proc, r.Addr, r.log)
+		rs.replicas = append(rs.replicas, r)
+	}
+	return rs
+}
+
+// addrs are the replicas' addresses.
+func (rs *statefulReplicas) addrs() []string {
+	var out []string
+	for _, r := range rs.replicas {
+		out = append(out, r.Addr)
+	}
+	return out
+}
+
+// startInstances starts Redis and, in front of each replica, a Caddy run
+// from the example's instance.Caddyfile (each edit made once), named as
+// its replica; then a round-robin front of kind b in front of them, and
+// learns the instance ID each one's sessions carry.
+func (rs *statefulReplicas) startInstances(t *testing.T, b balancer, edits ...[2]string) {
+	t.Helper()
+	requireModule(t, redisStateModule)
+	rs.redis = startRedis(t)
+	config := renderExample(t, "stateful-replicas", "instance.Caddyfile", edits)
+	var dials []string
+	for _, r := range rs.replicas {
+		dir := t.TempDir()
+		in := &caddyInstance{Name: r.Name + " caddy", Port: testnet.FreePort(t), Admin: testnet.FreePort(t), dir: dir,
+			conf: filepath.Join(dir, "instance.Caddyfile"), log: filepath.Join(dir, "caddy.log")}
+		if err := os.WriteFile(in.conf, []byte(config), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		in.URL = "http://127.0.0.1:" + strconv.Itoa(in.Port)
+		in.env = []string{
+			"INSTANCE_PORT=" + strconv.Itoa(in.Port),
+			"INSTANCE_BIND=127.0.0.1",
+			"INSTANCE_ADMIN=127.0.0.1:" + strconv.Itoa(in.Admin),
+			"INSTANCE_NAME=" + r.Name,
+			"UPSTREAM=" + r.Addr,
+			"REDIS_ADDRESS=" + rs.redis.Addr,
+		}
+		dumpOnFailure(t, in.Name, in.conf, in.log)
+		in.start(t)
+		r.caddy = in
+		r.id = instanceIDOf(t, in)
+		dials = append(dials, "127.0.0.1:"+strconv.Itoa(in.Port))
+	}
+	opts := clusterOptions{Balancer: b}
+	if b == caddyRoundRobin {
+		// A stopped or killed instance: a refused connection is tried on
+		// another, and a POST whose kept-alive connection a stopping
+		// instance closed is sent again.
+		opts.Front = deadInstanceFront + stoppingInstanceFront
+	}
+	rs.Front = startFront(t, opts, dials).URL
+}
+
+// instanceIDOf is the instance ID that the session ids of sessions
+// created through in name: an initialize sent to it directly (the session
+// it opens is left as it is).
+func instanceIDOf(t *testing.T, in *caddyInstance) string {
+	t.Helper()
+	resp, body := post(t, &http.Client{Timeout: 30 * time.Second}, in.URL+"/mcp", "", initializeBody)
+	session := resp.Header.Get("Mcp-Session-Id")
+	id, _, ok := owner.SplitOwner(session)
+	if resp.StatusCode != http.StatusOK || !ok {
+		t.Fatalf("initialize sent to %s: %s, session id %q, body %s: want a session id naming the instance", in.Name, resp.Status, session, body)
+	}
+	return id
+}
+
+// replicaOf is the replica whose instance the session id names, or nil.
+func (rs *statefulReplicas) replicaOf(session string) *replica {
+	id, _, ok := owner.SplitOwner(session)
+	if !ok {
+		return nil
+	}
+	for _, r := range rs.replicas {
+		if r.id == id {
+			return r
+		}
+	}
+	return nil
+}
+
+// replicaCounts is what a replica's log shows: its requests by method,
+// whether they named a session, and status.
+type replicaCounts map[string]int
+
+// v2serverLine is a request line of v2server.mjs's log.
+var v2serverLine = regexp.MustCompile(`^([A-Z]+) mcp-method=.* session=(yes|no) body-sha256=[0-9a-f]+ -> (\d+)$`)
+
+// counts reads the replica's log: "POST session=yes 200" and the like.
+func (r *replica) counts(t *testing.T) replicaCounts {
+	t.Helper()
+	f, err := os.Open(r.log)
+	if err != nil {
+		t.Fatalf("%s log: %v", r.Name, err)
+	}
+	defer f.Close()
+	out := replicaCounts{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if m := v2serverLine.FindStringSubmatch(sc.Text()); m != nil {
+			out[m[1]+" session="+m[2]+" "+m[3]]++
+		}
+	}
+	return out
+}
+
+// sessionRequests is how many requests naming a session (GET excepted)
+// the replica answered 2xx, and how many it answered 404 (a session it
+// does not know).
+func (c replicaCounts) sessionRequests() (answered, notFound int) {
+	for key, n := range c {
+		fields := strings.Fields(key) // method, session=…, status
+		if fields[1] != "session=yes" || fields[0] == http.MethodGet {
+			continue
+		}
+		switch status, _ := strconv.Atoi(fields[2]); {
+		case status >= 200 && status < 300:
+			answered += n
+		case status == http.StatusNotFound:
+			notFound += n
+		}
+	}
+	return answered, notFound
+}
+
+// gets is how many GETs reached the replica.
+func (c replicaCounts) gets() int {
+	n := 0
+	for key, v := range c {
+		if strings.HasPrefix(key, "GET ") {
+			n += v
+		}
+	}
+	return n
+}
+
+// notFound sums the 404s the replicas answered to requests naming a
+// session, and logs each replica's counts.
+func (rs *statefulReplicas) notFound(t *testing.T, label string) (notFound, gets int) {
+	t.Helper()
+	for _, r := range rs.replicas {
+		c := r.counts(t)
+		_, nf := c.sessionRequests()
+		notFound += nf
+		gets += c.gets()
+		t.Logf("%s, %s's log: %v", label, r.Name, map[string]int(c))
+	}
+	return notFound, gets
+}
+
+// Straight over three in-memory replicas behind round robin, a session's
+// requests land on replicas that never saw its initialize, which answer
+// them 404 "Session not found": most pipelined connects fail. Through
+// mcp_serializer (`upstream_sessions instance`), every request of a
+// session reaches the replica that created it, whatever the front does:
+// none fails, no replica answers a session's request 404, and the SDK's
+// GET is answered 405 by the instance it lands on and reaches no replica.
+func TestStatefulReplicasBehindRoundRobinLoseSessionsStraightAndNoneThroughTheModule(t *testing.T) {
+	prerequisites(t)
+	for _, front := range roundRobinFronts {
+		t.Run(front.String(), func(t *testing.T) {
+			rs := startReplicaServers(t, 3)
+			n := clusterN(t, statefulConnects)
+			straight := startFront(t, clusterOptions{Balancer: front}, rs.addrs())
+			var without pipelineResult
+			runClient(t, 5*time.Minute, &without, "pipeline", "--url", straight.URL+"/mcp", "--n", strconv.Itoa(n), "--concurrency", strconv.Itoa(pipelineConcurrency))
+			notFoundStraight, getsStraight := rs.notFound(t, "straight")
+			t.Logf("%s straight to the three replicas, %d pipelined connects: %d sessions failed; the replicas answered %d requests of a session 404; %s",
+				front, n, without.FailedSessions, notFoundStraight, without.summary())
+			logSamples(t, without.Samples)
+			if without.Error != "" || without.Connects == 0 {
+				t.Fatalf("straight to the replicas, no connect worked: %s %s", without.Error, without.summary())
+			}
+			if without.FailedSessions <= n/2 || notFoundStraight == 0 {
+				t.Fatalf("straight to the replicas behind round robin, %d of %d sessions failed and %d requests were answered 404; want most sessions lost: the replicas do not keep their sessions apart",
+					without.FailedSessions, n, notFoundStraight)
+			}
+
+			rs.startInstances(t, front)
+			var with pipelineResult
+			runClient(t, 5*time.Minute, &with, "pipeline", "--url", rs.Front+"/mcp", "--n", strconv.Itoa(n), "--concurrency", strconv.Itoa(pipelineConcurrency))
+			notFoundAfter, getsAfter := rs.notFound(t, "through the module")
+			t.Logf("%s through mcp_serializer (upstream_sessions instance), %d pipelined connects: %d sessions failed; the replicas answered %d more requests of a session 404; %s",
+				front, n, with.FailedSessions, notFoundAfter-notFoundStraight, with.summary())
+			wantNoFailure(t, with)
+			if notFoundAfter != notFoundStraight {
+				t.Errorf("through the module the replicas answered %d requests of a session 404, want none: a request reached a replica that did not create its session", notFoundAfter-notFoundStraight)
+			}
+			if getsAfter != getsStraight {
+				t.Errorf("%d GETs reached a replica through the module, want none (get_stream reject answers them 405 where they land)", getsAfter-getsStraight)
+			}
+			for status := range with.GetStatuses {
+				if status != "405" {
+					t.Errorf("the SDK's GETs were answered %v, want 405 only", with.GetStatuses)
+					break
+				}
+			}
+		})
+	}
+}
+
+// One instance's Caddy stopped with SIGTERM and started again, on the same
+// ports and with the same instance_name, while sessions of every replica
+// are open and in use: the calls its sessions had running when it stopped
+// finish; their next calls, sent while it is down, wait for it and are
+// answered once it is back; no session of another replica notices; and
+// every request was served by the replica that created its session (its
+// log shows each request the client had answered, and no replica
+// answered one 404). With `upstream_sessions shared` (the default) the
+// stopping instance hands its sessions over, and the instance that takes
+// one over sends it to its own replica, which answers 404.
+func TestStatefulReplicasCaddyRestartedServesItsReplicasSessionsAgain(t *testing.T) {
+	prerequisites(t)
+	for _, front := range roundRobinFronts {
+		t.Run(front.String(), func(t *testing.T) {
+			rs := startReplicaServers(t, 3)
+			rs.startInstances(t, front)
+			run := startHoldRun(t, rs, statefulSessions)
+			run.waitReady(t)
+			victim := rs.replicas[1]
+			mine := run.slotsOf(t, rs, victim)
+			run.round(t, "")
+			run.wantRoundAnswered(t, 1)
+
+			// Round 2: a slow call on every session (20 steps of 100 ms);
+			// the Caddy stops once each of its sessions' calls runs.
+			run.send(t, "round slow 20")
+			run.until(t, "every call of "+victim.Name+"'s sessions running", statefulEventBound, func(h *holdState) bool { return h.progressed(2, mine) })
+			if err := syscall.Kill(victim.caddy.proc.cmd.Process.Pid, syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			stopped := time.Now()
+			running := len(mine) - run.answeredOf(2, mine)
+			select {
+			case <-victim.caddy.proc.exited:
+			case <-time.After(statefulEventBound):
+				t.Fatalf("%s did not exit within %v of SIGTERM", victim.caddy.Name, statefulEventBound)
+			}
+			exited := time.Since(stopped)
+			run.waitDone(t, 2)
+			run.wantRoundAnswered(t, 2)
+
+			// Round 3, sent while it is down: the other replicas' sessions
+			// are answered; its sessions' requests wait for it.
+			unreachable := func() float64 {
+				n := 0.0
+				for _, r := range rs.replicas {
+					if r != victim {
+						n += r.caddy.metrics(t, "caddy_mcp_serializer_forwards_total")[`{result="unreachable"}`]
+					}
+				}
+				return n
+			}
+			before := unreachable()
+			run.send(t, "round")
+			run.until(t, "the other replicas' sessions answered in round 3", statefulEventBound, func(h *holdState) bool {
+				return h.answeredOf(3, run.others(mine)) == len(run.others(mine))
+			})
+			waitFor(t, "a request of "+victim.Name+"'s sessions waiting for its instance", statefulEventBound, func() bool { return unreachable() > before })
+			if n := run.endedOf(3, mine); n != 0 {
+				t.Fatalf("%d calls of %s's sessions ended while its Caddy was down: %v", n, victim.Name, run.failuresOf(3))
+			}
+			down := time.Since(stopped)
+			victim.caddy.start(t)
+			t.Logf("%s: SIGTERM with %d of its %d sessions' calls running; it exited %v later; started again %v after the SIGTERM, with round 3's requests of its sessions waiting at the other instances",
+				victim.caddy.Name, running, len(mine), exited.Round(time.Millisecond), down.Round(time.Millisecond))
+			if id := instanceIDOf(t, victim.caddy); id != victim.id {
+				t.Errorf("%s names its sessions %s after the restart, %s before: instance_name does not keep its ID", victim.caddy.Name, id, victim.id)
+			}
+			run.waitDone(t, 3)
+			run.wantRoundAnswered(t, 3)
+			t.Logf("round 3: %s's sessions answered %v after the restart began", victim.Name, run.lastAnswerOf(3, mine).Sub(stopped.Add(down)).Round(time.Millisecond))
+
+			run.round(t, "")
+			run.wantRoundAnswered(t, 4)
+			res := run.stop(t)
+			if !res.OK || res.Renewed != 0 {
+				t.Errorf("the sessions through the restart: %d failures, %d new sessions, %d failed deletes; want none: %v", len(res.Failures), res.Renewed, res.FailedDeletes, res.Failures)
+			}
+			rs.wantServedByTheirReplicas(t, res)
+		})
+	}
+}
+
+// A replica and its Caddy killed together (SIGKILL): its sessions are
+// gone. Their next requests wait while the instance's lease stands and
+// are answered 404, with a JSON-RPC error, once it has lapsed (lease and
+// lock delay: 6–8 s); the client starts a new session at once, on a live
+// replica, and it works. The other replicas' sessions are untouched, and
+// no replica ever answered a session's request 404: with `upstream_sessions
+// shared` (the default) another instance takes the dead one's sessions
+// over and sends them to its own replica, which answers 404 itself.
+func TestStatefulReplicasKilledReplicasSessionsAnswer404AndTheirClientsStartAgain(t *testing.T) {
+	prerequisites(t)
+	for _, front := range roundRobinFronts {
+		t.Run(front.String(), func(t *testing.T) {
+			rs := startReplicaServers(t, 3)
+			rs.startInstances(t, front)
+			run := startHoldRun(t, rs, statefulSessions)
+			run.waitReady(t)
+			victim := rs.replicas[2]
+			mine := run.slotsOf(t, rs, victim)
+			run.round(t, "")
+			run.wantRoundAnswered(t, 1)
+
+			for _, p := range []*process{victim.caddy.proc, victim.proc} {
+				if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+			}
+			killed := time.Now()
+			for _, p := range []*process{victim.caddy.proc, victim.proc} {
+				select {
+				case <-p.exited:
+				case <-time.After(statefulEventBound):
+					t.Fatalf("%s still runs %v after SIGKILL", p.name, statefulEventBound)
+				}
+			}
+			run.send(t, "round")
+			run.until(t, "every session of "+victim.Name+" answered 404", statefulLapseBound, func(h *holdState) bool { return h.failedOf(2, mine) == len(mine) })
+			run.waitDone(t, 2)
+			h := run.snapshot()
+			var first, last time.Duration
+			for i, slot := range mine {
+				f := h.failed[roundSlot{2, slot}]
+				d := f.at.Sub(killed)
+				if i == 0 || d < first {
+					first = d
+				}
+				last = max(last, d)
+			}
+			t.Logf("%s and its Caddy killed: its %d sessions' next requests answered 404 from %v to %v after the kill", victim.Name, len(mine), first.Round(time.Millisecond), last.Round(time.Millisecond))
+			if others := run.others(mine); h.answeredOf(2, others) != len(others) || h.failedOf(2, others) != 0 {
+				t.Errorf("round 2: %d of the other replicas' %d sessions answered, %d failed: %v", h.answeredOf(2, others), len(others), h.failedOf(2, others), run.failuresOf(2))
+			}
+			for _, slot := range mine {
+				if got := h.answered[roundSlot{2, slot}]; got.IsZero() {
+					t.Errorf("slot %d: its call was not answered on a new session after the 404", slot)
+				}
+				if r := rs.replicaOf(h.sessions[slot]); r == nil || r == victim {
+					t.Errorf("slot %d: its new session %q is not on a live replica", slot, h.sessions[slot])
+				}
+			}
+
+			run.round(t, "")
+			run.wantRoundAnswered(t, 3)
+			res := run.stop(t)
+			if res.Renewed != len(mine) {
+				t.Errorf("%d new sessions, want one for each of %s's %d", res.Renewed, victim.Name, len(mine))
+			}
+			for _, f := range res.Failures {
+				var body struct {
+					JSONRPC string `json:"jsonrpc"`
+					Error   *struct {
+						Code    int    `json:"code"`
+						Message string `json:"message"`
+					} `json:"error"`
+				}
+				if f.Round != json.Number("2") || rs.replicaOf(f.SessionID) != victim || f.Status != json.Number("404") {
+					t.Errorf("failure in round %s, slot %d (session of %v): %s; want only round 2's 404s of %s's sessions", f.Round, f.Slot, rs.replicaOf(f.SessionID), f.Reason, victim.Name)
+				} else if json.Unmarshal([]byte(f.Body), &body) != nil || body.JSONRPC != "2.0" || body.Error == nil {
+					t.Errorf("slot %d: the 404's body %q is not a JSON-RPC error", f.Slot, f.Body)
+				}
+			}
+			if len(res.Failures) > 0 {
+				t.Logf("the 404 of slot %d: %s", res.Failures[0].Slot, res.Failures[0].Body)
+			}
+			rs.wantServedByTheirReplicas(t, res)
+		})
+	}
+}
+
+// wantServedByTheirReplicas fails the test unless each replica's log
+// shows exactly as many requests naming a session (GET excepted)
+// answered 2xx as the client had answered 2xx on the sessions whose id
+// names that replica's instance, and no replica answered such a request
+// 404.
+func (rs *statefulReplicas) wantServedByTheirReplicas(t *testing.T, res holdResult) {
+	t.Helper()
+	want := map[*replica]int{}
+	for _, s := range res.Sessions {
+		r := rs.replicaOf(s.SessionID)
+		if r == nil {
+			t.Errorf("session %q of slot %d names no instance of the replicas", s.SessionID, s.Slot)
+			continue
+		}
+		want[r] += s.Answered
+	}
+	for _, r := range rs.replicas {
+		c := r.counts(t)
+		answered, notFound := c.sessionRequests()
+		t.Logf("%s served %d requests of its sessions (the client had %d answered), answered %d 404; its log: %v", r.Name, answered, want[r], notFound, map[string]int(c))
+		if answered != want[r] || notFound != 0 {
+			t.Errorf("%s answered %d requests of a session 2xx and %d 404; the client had %d answered on %s's sessions: a request was served by a replica that did not create its session", r.Name, answered, notFound, want[r], r.Name)
+		}
+	}
+}
+
+// holdResult is the hold mode's final line.
+type holdResult struct {
+	OK            bool          `json:"ok"`
+	Error         string        `json:"error"`
+	N             int           `json:"n"`
+	Rounds        int           `json:"rounds"`
+	Renewed       int           `json:"renewed"`
+	FailedOpens   int           `json:"failedOpens"`
+	FailedDeletes int           `json:"failedDeletes"`
+	Timeouts      int           `json:"timeouts"`
+	Failures      []holdFailure `json:"failures"`
+	Sessions      []struct {
+		Slot      int            `json:"slot"`
+		SessionID string         `json:"sessionId"`
+		Requests  int            `json:"requests"`
+		Answered  int            `json:"answered"`
+		Statuses  map[string]int `json:"statuses"`
+		Gets      []string       `json:"gets"`
+	} `json:"sessions"`
+	ElapsedMs int `json:"elapsedMs"`
+}
+
+// holdFailure is a failed call or DELETE (round "delete").
+type holdFailure struct {
+	Round     json.Number `json:"round"`
+	Slot      int         `json:"slot"`
+	SessionID string      `json:"sessionId"`
+	Status    json.Number `json:"status"`
+	Body      string      `json:"body"`
+	Reason    string      `json:"reason"`
+}
+
+// UnmarshalJSON takes a round or status given as a string ("delete",
+// "network") too.
+func (f *holdFailure) UnmarshalJSON(data []byte) error {
+	var raw struct {
+		Round     any    `json:"round"`
+		Slot      int    `json:"slot"`
+		SessionID string `json:"sessionId"`
+		Status    any    `json:"status"`
+		Body      string `json:"body"`
+		Reason    string `json:"reason"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return err
+	}
+	*f = holdFailure{Round: json.Number(fmt.Sprint(raw.Round)), Slot: raw.Slot, SessionID: raw.SessionID,
+		Status: json.Number(fmt.Sprint(raw.Status)), Body: raw.Body, Reason: raw.Reason}
+	return nil
+}
+
+// roundSlot names one slot's call in one round.
+type roundSlot struct{ round, slot int }
+
+// holdState is what the hold client has said so far, each event timed on
+// arrival.
+type holdState struct {
+	ready    bool
+	sessions map[int]string // slot -> its session id now
+	progress map[roundSlot]time.Time
+	answered map[roundSlot]time.Time
+	failed   map[roundSlot]holdEvent // the last failure
+	done     map[int]bool
+}
+
+// holdEvent is a failure the client reported.
+type holdEvent struct {
+	at     time.Time
+	reason string
+}
+
+func (h *holdState) countOf(m map[roundSlot]time.Time, round int, slots []int) int {
+	n := 0
+	for _, s := range slots {
+		if _, ok := m[roundSlot{round, s}]; ok {
+			n++
+		}
+	}
+	return n
+}
+
+func (h *holdState) answeredOf(round int, slots []int) int {
+	return h.countOf(h.answered, round, slots)
+}
+
+func (h *holdState) progressed(round int, slots []int) bool {
+	return h.countOf(h.progress, round, slots) == len(slots)
+}
+
+func (h *holdState) failedOf(round int, slots []int) int {
+	n := 0
+	for _, s := range slots {
+		if _, ok := h.failed[roundSlot{round, s}]; ok {
+			n++
+		}
+	}
+	return n
+}
+
+// holdRun is the client's hold mode through the front, in the background.
+type holdRun struct {
+	label    string
+	n        int
+	stdin    *os.File
+	finished chan struct{}
+	res      holdResult
+
+	mu      sync.Mutex
+	state   holdState
+	changed chan struct{} // closed at each event, then replaced
+}
+
+// startHoldRun opens n sessions through the front with the hold mode.
+func startHoldRun(t *testing.T, rs *statefulReplicas, n int) *holdRun {
+	t.Helper()
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &holdRun{label: "hold", n: n, stdin: stdinW, finished: make(chan struct{}), changed: make(chan struct{}),
+		state: holdState{sessions: map[int]string{}, progress: map[roundSlot]time.Time{}, answered: map[roundSlot]time.Time{},
+			failed: map[roundSlot]holdEvent{}, done: map[int]bool{}}}
+	// Cleanups run last first: closing stdin ends the client, which is
+	// then waited for.
+	t.Cleanup(func() { <-r.finished })
+	t.Cleanup(func() { stdinW.Close(); stdinR.Close() })
+	sio := scriptIO{stdin: stdinR, onLine: r.onLine}
+	go func() {
+		defer close(r.finished)
+		runClientWith(t, sio, 10*time.Minute, &r.res, "hold", "--url", rs.Front+"/mcp", "--n", strconv.Itoa(n), "--timeout", "45000")
+	}()
+	return r
+}
+
+func (r *holdRun) onLine(line string) {
+	fields := strings.SplitN(line, " ", 4)
+	num := func(i int) int {
+		if i >= len(fields) {
+			return -1
+		}
+		n, err := strconv.Atoi(fields[i])
+		if err != nil {
+			return -1
+		}
+		return n
+	}
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := &r.state
+	switch fields[0] {
+	case "ready":
+		h.ready = true
+	case "session":
+		if len(fields) >= 3 {
+			h.sessions[num(1)] = fields[2]
+		}
+	case "progress":
+		if _, ok := h.progress[roundSlot{num(1), num(2)}]; !ok {
+			h.progress[roundSlot{num(1), num(2)}] = now
+		}
+	case "answered":
+		h.answered[roundSlot{num(1), num(2)}] = now
+	case "failed":
+		reason := ""
+		if len(fields) == 4 {
+			reason = fields[3]
+		}
+		h.failed[roundSlot{num(1), num(2)}] = holdEvent{at: now, reason: reason}
+	case "done":
+		h.done[num(1)] = true
+	default:
+		return
+	}
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// snapshot is a copy of what the client has said so far.
+func (r *holdRun) snapshot() *holdState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := &holdState{ready: r.state.ready, sessions: map[int]string{}, progress: map[roundSlot]time.Time{},
+		answered: map[roundSlot]time.Time{}, failed: map[roundSlot]holdEvent{}, done: map[int]bool{}}
+	for k, v := range r.state.sessions {
+		h.sessions[k] = v
+	}
+	for k, v := range r.state.progress {
+		h.progress[k] = v
+	}
+	for k, v := range r.state.answered {
+		h.answered[k] = v
+	}
+	for k, v := range r.state.failed {
+		h.failed[k] = v
+	}
+	for k, v := range r.state.done {
+		h.done[k] = v
+	}
+	return h
+}
+
+// until waits until cond holds of what the client has said, failing the
+// test after bound or if the client ends first.
+func (r *holdRun) until(t *testing.T, what string, bound time.Duration, cond func(h *holdState) bool) {
+	t.Helper()
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		ok, changed := cond(&r.state), r.changed
+		r.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-changed:
+		case <-r.finished:
+			t.Fatalf("%s: the client ended before %s", r.label, what)
+		case <-timer.C:
+			t.Fatalf("%s: %s: not within %v", r.label, what, bound)
+		}
+	}
+}
+
+// send writes a line to the client's stdin.
+func (r *holdRun) send(t *testing.T, line string) {
+	t.Helper()
+	if _, err := r.stdin.WriteString(line + "\n"); err != nil {
+		t.Fatalf("%s: writing %q to the client: %v", r.label, line, err)
+	}
+}
+
+// waitReady waits until every session is open, failing the test if one
+// did not open.
+func (r *holdRun) waitReady(t *testing.T) {
+	t.Helper()
+	r.until(t, "the sessions open", statefulEventBound, func(h *holdState) bool { return h.ready })
+	if h := r.snapshot(); len(h.sessions) != r.n || len(h.failed) != 0 {
+		t.Fatalf("%d of %d sessions opened: %v", len(h.sessions), r.n, h.failed)
+	}
+}
+
+// round sends a round of calls ("" for echo) and waits until it is done.
+func (r *holdRun) round(t *testing.T, tool string) {
+	t.Helper()
+	r.mu.Lock()
+	next := len(r.state.done) + 1
+	r.mu.Unlock()
+	r.send(t, strings.TrimSpace("round "+tool))
+	r.waitDone(t, next)
+}
+
+// waitDone waits until round has ended on every slot.
+func (r *holdRun) waitDone(t *testing.T, round int) {
+	t.Helper()
+	r.until(t, "round "+strconv.Itoa(round)+" done", statefulEventBound, func(h *holdState) bool { return h.done[round] })
+}
+
+// wantRoundAnswered fails the test unless every slot's call in round was
+// answered and none failed.
+func (r *holdRun) wantRoundAnswered(t *testing.T, round int) {
+	t.Helper()
+	h := r.snapshot()
+	all := r.others(nil)
+	if a, f := h.answeredOf(round, all), h.failedOf(round, all); a != r.n || f != 0 {
+		t.Fatalf("round %d: %d of %d calls answered, %d failed: %v", round, a, r.n, f, r.failuresOf(round))
+	}
+}
+
+// answeredOf is how many of slots' calls in round have been answered.
+func (r *holdRun) answeredOf(round int, slots []int) int {
+	return r.snapshot().answeredOf(round, slots)
+}
+
+// endedOf is how many of slots' calls in round have been answered or
+// have failed.
+func (r *holdRun) endedOf(round int, slots []int) int {
+	h := r.snapshot()
+	return h.answeredOf(round, slots) + h.failedOf(round, slots)
+}
+
+// lastAnswerOf is when the last of slots' calls in round was answered.
+func (r *holdRun) lastAnswerOf(round int, slots []int) time.Time {
+	h := r.snapshot()
+	var last time.Time
+	for _, s := range slots {
+		if at := h.answered[roundSlot{round, s}]; at.After(last) {
+			last = at
+		}
+	}
+	return last
+}
+
+// failuresOf is the failures the client reported in round, by slot.
+func (r *holdRun) failuresOf(round int) map[int]string {
+	h := r.snapshot()
+	out := map[int]string{}
+	for k, f := range h.failed {
+		if k.round == round {
+			out[k.slot] = f.reason
+		}
+	}
+	return out
+}
+
+// others is every slot not in slots, in order.
+func (r *holdRun) others(slots []int) []int {
+	var out []int
+	for s := 0; s < r.n; s++ {
+		if !containsInt(slots, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func containsInt(list []int, v int) bool {
+	for _, x := range list {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// slotsOf is the slots whose sessions victim's instance created, failing
+// the test unless every replica has at least two sessions.
+func (r *holdRun) slotsOf(t *testing.T, rs *statefulReplicas, victim *replica) []int {
+	t.Helper()
+	h := r.snapshot()
+	per := map[string]int{}
+	var mine []int
+	for slot, session := range h.sessions {
+		rep := rs.replicaOf(session)
+		if rep == nil {
+			t.Fatalf("slot %d's session %q names none of the instances", slot, session)
+		}
+		per[rep.Name]++
+		if rep == victim {
+			mine = append(mine, slot)
+		}
+	}
+	sort.Ints(mine)
+	t.Logf("sessions per replica: %v", per)
+	for _, rep := range rs.replicas {
+		if per[rep.Name] < 2 {
+			t.Fatalf("%s has %d of the %d sessions, want at least 2 each: the front did not spread the initializes", rep.Name, per[rep.Name], r.n)
+		}
+	}
+	return mine
+}
+
+// stop ends the run (every session deleted) and returns its result.
+func (r *holdRun) stop(t *testing.T) holdResult {
+	t.Helper()
+	r.send(t, "stop")
+	select {
+	case <-r.finished:
+	case <-time.After(statefulEventBound):
+		t.Fatalf("%s: the client did not finish within %v of stop", r.label, statefulEventBound)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	if r.res.Error != "" {
+		t.Fatalf("%s: client error: %s", r.label, r.res.Error)
+	}
+	return r.res
+}
