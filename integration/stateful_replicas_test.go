@@ -63,6 +63,7 @@ type replica struct {
 	proc  *process
 	caddy *caddyInstance
 	id    string // the instance ID its sessions' ids name
+	probe string // the id of a session begun on it by instanceIDOf
 }
 
 // startReplicaServers runs n replicas of v2server.mjs with sessions, each
@@ -123,7 +124,7 @@ func (rs *statefulReplicas) startInstances(t *testing.T, b balancer, edits ...[2
 		dumpOnFailure(t, in.Name, in.conf, in.log)
 		in.start(t)
 		r.caddy = in
-		r.id = instanceIDOf(t, in)
+		r.id, r.probe = instanceIDOf(t, in)
 		dials = append(dials, "127.0.0.1:"+strconv.Itoa(in.Port))
 	}
 	opts := clusterOptions{Balancer: b}
@@ -137,17 +138,17 @@ func (rs *statefulReplicas) startInstances(t *testing.T, b balancer, edits ...[2
 }
 
 // instanceIDOf is the instance ID that the session ids of sessions
-// created through in name: an initialize sent to it directly (the session
-// it opens is left as it is).
-func instanceIDOf(t *testing.T, in *caddyInstance) string {
+// created through in name, learnt from an initialize sent to it directly,
+// and the id of the session that opened (left as it is).
+func instanceIDOf(t *testing.T, in *caddyInstance) (id, session string) {
 	t.Helper()
 	resp, body := post(t, &http.Client{Timeout: 30 * time.Second}, in.URL+"/mcp", "", initializeBody)
-	session := resp.Header.Get("Mcp-Session-Id")
+	session = resp.Header.Get("Mcp-Session-Id")
 	id, _, ok := owner.SplitOwner(session)
 	if resp.StatusCode != http.StatusOK || !ok {
 		t.Fatalf("initialize sent to %s: %s, session id %q, body %s: want a session id naming the instance", in.Name, resp.Status, session, body)
 	}
-	return id
+	return id, session
 }
 
 // replicaOf is the replica whose instance the session id names, or nil.
@@ -233,6 +234,25 @@ func (rs *statefulReplicas) notFound(t *testing.T, label string) (notFound, gets
 	return notFound, gets
 }
 
+// The example's instance.Caddyfile adapts: mcp_serializer with state
+// redis, upstream_sessions instance and instance_name from
+// INSTANCE_NAME, before its reverse_proxy to its one replica.
+func TestStatefulReplicasExampleInstanceAdapts(t *testing.T) {
+	path := filepath.Join(repoRoot(t), "examples", "stateful-replicas", "instance.Caddyfile")
+	for env, want := range map[string]string{"": "replica-1", "INSTANCE_NAME=pod-7": "pod-7"} {
+		out := caddyAdapt(t, path, strings.Fields(env)...)
+		serializer, upstream := strings.Index(out, `"handler":"mcp_serializer"`), strings.Index(out, `"handler":"reverse_proxy"`)
+		if serializer < 0 || upstream < serializer {
+			t.Errorf("want mcp_serializer before reverse_proxy:\n%s", out)
+		}
+		for _, field := range []string{`"upstream_sessions":"instance"`, `"instance_name":"` + want + `"`, `"127.0.0.1:6379"`, `"dial":"127.0.0.1:9181"`} {
+			if !strings.Contains(out, field) {
+				t.Errorf("environment %q: want %s in:\n%s", env, field, out)
+			}
+		}
+	}
+}
+
 // Straight over three in-memory replicas behind round robin, a session's
 // requests land on replicas that never saw its initialize, which answer
 // them 404 "Session not found": most pipelined connects fail. Through
@@ -280,7 +300,31 @@ func TestStatefulReplicasBehindRoundRobinLoseSessionsStraightAndNoneThroughTheMo
 					break
 				}
 			}
+			wantGetAnsweredWhereItLands(t, rs.replicas[0].caddy, rs.replicas[1].probe)
 		})
+	}
+}
+
+// wantGetAnsweredWhereItLands sends in a GET for session, which another
+// instance created, and fails the test unless in answers it 405 itself,
+// forwarding nothing.
+func wantGetAnsweredWhereItLands(t *testing.T, in *caddyInstance, session string) {
+	t.Helper()
+	forwards := func() float64 { return sumValues(in.metrics(t, "caddy_mcp_serializer_forwards_total")) }
+	before := forwards()
+	req, err := http.NewRequest(http.MethodGet, in.URL+"/mcp", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Session-Id", session)
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("GET on %s: %v", in.Name, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed || forwards() != before {
+		t.Errorf("GET on %s for a session another instance created: %s, %v forwarded; want 405 there, nothing forwarded", in.Name, resp.Status, forwards()-before)
 	}
 }
 
@@ -349,7 +393,7 @@ func TestStatefulReplicasCaddyRestartedServesItsReplicasSessionsAgain(t *testing
 			victim.caddy.start(t)
 			t.Logf("%s: SIGTERM with %d of its %d sessions' calls running; it exited %v later; started again %v after the SIGTERM, with round 3's requests of its sessions waiting at the other instances",
 				victim.caddy.Name, running, len(mine), exited.Round(time.Millisecond), down.Round(time.Millisecond))
-			if id := instanceIDOf(t, victim.caddy); id != victim.id {
+			if id, _ := instanceIDOf(t, victim.caddy); id != victim.id {
 				t.Errorf("%s names its sessions %s after the restart, %s before: instance_name does not keep its ID", victim.caddy.Name, id, victim.id)
 			}
 			run.waitDone(t, 3)
@@ -387,6 +431,15 @@ func TestStatefulReplicasKilledReplicasSessionsAnswer404AndTheirClientsStartAgai
 			mine := run.slotsOf(t, rs, victim)
 			run.round(t, "")
 			run.wantRoundAnswered(t, 1)
+			// A replica logs a request once its answer's stream has ended,
+			// which may come after the client has its reply: killed before,
+			// it would not show what it served. So far each session sent
+			// notifications/initialized, logging/setLevel, tools/list and
+			// round 1's call.
+			waitFor(t, victim.Name+" logs every request of its sessions", statefulEventBound, func() bool {
+				answered, _ := victim.counts(t).sessionRequests()
+				return answered >= 4*len(mine)
+			})
 
 			for _, p := range []*process{victim.caddy.proc, victim.proc} {
 				if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL); err != nil {
@@ -472,6 +525,15 @@ func (rs *statefulReplicas) wantServedByTheirReplicas(t *testing.T, res holdResu
 		want[r] += s.Answered
 	}
 	for _, r := range rs.replicas {
+		if r.proc.running() {
+			// Its log line for a streamed answer comes once the stream
+			// has ended, which may be after the client had its reply.
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+				if answered, _ := r.counts(t).sessionRequests(); answered >= want[r] {
+					break
+				}
+			}
+		}
 		c := r.counts(t)
 		answered, notFound := c.sessionRequests()
 		t.Logf("%s served %d requests of its sessions (the client had %d answered), answered %d 404; its log: %v", r.Name, answered, want[r], notFound, map[string]int(c))
