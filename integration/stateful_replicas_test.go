@@ -473,7 +473,7 @@ func TestStatefulReplicasKilledReplicasSessionsAnswer404AndTheirClientsStartAgai
 			}
 			for _, slot := range mine {
 				if got := h.answered[roundSlot{2, slot}]; got.IsZero() {
-					t.Errorf("slot %d: its call was not answered on a new session after the 404", slot)
+					t.Errorf("slot %d: its call was not answered on a new session after the 404: %s", slot, h.failed[roundSlot{2, slot}].reason)
 				}
 				if r := rs.replicaOf(h.sessions[slot]); r == nil || r == victim {
 					t.Errorf("slot %d: its new session %q is not on a live replica", slot, h.sessions[slot])
