@@ -43,6 +43,9 @@ const (
 	// after its last renewal and the others wait 3 s more (the lock
 	// delay), so 6–8 s on a machine at rest.
 	statefulLapseBound = 20 * time.Second
+	// statefulKeptLease is how long an instance stopped with SIGTERM
+	// keeps its lease, for it to start again.
+	statefulKeptLease = 15 * time.Second
 	// statefulEventBound bounds every other wait for an event.
 	statefulEventBound = time.Minute
 )
@@ -411,101 +414,123 @@ func TestStatefulReplicasCaddyRestartedServesItsReplicasSessionsAgain(t *testing
 	}
 }
 
-// A replica and its Caddy killed together (SIGKILL): its sessions are
-// gone. Their next requests wait while the instance's lease stands and
-// are answered 404, with a JSON-RPC error, once it has lapsed (lease and
-// lock delay: 6–8 s); the client starts a new session at once, on a live
+// A replica and its Caddy gone together, killed (SIGKILL) or stopped
+// (SIGTERM) for good: its sessions are gone. Their next requests wait
+// while the instance's lease stands and are answered 404, with a JSON-RPC
+// error, once it has lapsed and the lock delay has passed: 6–8 s after a
+// kill, and after a stop, which keeps the lease 15 s, about 18 s and never
+// before 15 s. The client starts a new session at once, on a live
 // replica, and it works. The other replicas' sessions are untouched, and
-// no replica ever answered a session's request 404: with `upstream_sessions
-// shared` (the default) another instance takes the dead one's sessions
-// over and sends them to its own replica, which answers 404 itself.
-func TestStatefulReplicasKilledReplicasSessionsAnswer404AndTheirClientsStartAgain(t *testing.T) {
+// no replica ever answered a session's request 404: with
+// `upstream_sessions shared` (the default) another instance takes the
+// gone one's sessions over and sends them to its own replica, which
+// answers 404 itself.
+func TestStatefulReplicasGoneReplicasSessionsAnswer404AndTheirClientsStartAgain(t *testing.T) {
 	prerequisites(t)
-	for _, front := range roundRobinFronts {
-		t.Run(front.String(), func(t *testing.T) {
-			rs := startReplicaServers(t, 3)
-			rs.startInstances(t, front)
-			run := startHoldRun(t, rs, statefulSessions)
-			run.waitReady(t)
-			victim := rs.replicas[2]
-			mine := run.slotsOf(t, rs, victim)
-			run.round(t, "")
-			run.wantRoundAnswered(t, 1)
-			// A replica logs a request once its answer's stream has ended,
-			// which may come after the client has its reply: killed before,
-			// it would not show what it served. So far each session sent
-			// notifications/initialized, logging/setLevel, tools/list and
-			// round 1's call.
-			waitFor(t, victim.Name+" logs every request of its sessions", statefulEventBound, func() bool {
-				answered, _ := victim.counts(t).sessionRequests()
-				return answered >= 4*len(mine)
+	for _, tc := range []struct {
+		name  string
+		sig   syscall.Signal
+		least time.Duration // before it, the lease stands
+		bound time.Duration // the 404s come within it
+	}{
+		{"killed", syscall.SIGKILL, 0, statefulLapseBound},
+		{"stopped", syscall.SIGTERM, statefulKeptLease, statefulKeptLease + statefulLapseBound},
+	} {
+		for _, front := range roundRobinFronts {
+			t.Run(tc.name+"/"+front.String(), func(t *testing.T) {
+				testGoneReplica(t, front, tc.name, tc.sig, tc.least, tc.bound)
 			})
-
-			for _, p := range []*process{victim.caddy.proc, victim.proc} {
-				if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL); err != nil {
-					t.Fatal(err)
-				}
-			}
-			killed := time.Now()
-			for _, p := range []*process{victim.caddy.proc, victim.proc} {
-				select {
-				case <-p.exited:
-				case <-time.After(statefulEventBound):
-					t.Fatalf("%s still runs %v after SIGKILL", p.name, statefulEventBound)
-				}
-			}
-			run.send(t, "round")
-			run.until(t, "every session of "+victim.Name+" answered 404", statefulLapseBound, func(h *holdState) bool { return h.failedOf(2, mine) == len(mine) })
-			run.waitDone(t, 2)
-			h := run.snapshot()
-			var first, last time.Duration
-			for i, slot := range mine {
-				f := h.failed[roundSlot{2, slot}]
-				d := f.at.Sub(killed)
-				if i == 0 || d < first {
-					first = d
-				}
-				last = max(last, d)
-			}
-			t.Logf("%s and its Caddy killed: its %d sessions' next requests answered 404 from %v to %v after the kill", victim.Name, len(mine), first.Round(time.Millisecond), last.Round(time.Millisecond))
-			if others := run.others(mine); h.answeredOf(2, others) != len(others) || h.failedOf(2, others) != 0 {
-				t.Errorf("round 2: %d of the other replicas' %d sessions answered, %d failed: %v", h.answeredOf(2, others), len(others), h.failedOf(2, others), run.failuresOf(2))
-			}
-			for _, slot := range mine {
-				if got := h.answered[roundSlot{2, slot}]; got.IsZero() {
-					t.Errorf("slot %d: its call was not answered on a new session after the 404: %s", slot, h.failed[roundSlot{2, slot}].reason)
-				}
-				if r := rs.replicaOf(h.sessions[slot]); r == nil || r == victim {
-					t.Errorf("slot %d: its new session %q is not on a live replica", slot, h.sessions[slot])
-				}
-			}
-
-			run.round(t, "")
-			run.wantRoundAnswered(t, 3)
-			res := run.stop(t)
-			if res.Renewed != len(mine) {
-				t.Errorf("%d new sessions, want one for each of %s's %d", res.Renewed, victim.Name, len(mine))
-			}
-			for _, f := range res.Failures {
-				var body struct {
-					JSONRPC string `json:"jsonrpc"`
-					Error   *struct {
-						Code    int    `json:"code"`
-						Message string `json:"message"`
-					} `json:"error"`
-				}
-				if f.Round != json.Number("2") || rs.replicaOf(f.SessionID) != victim || f.Status != json.Number("404") {
-					t.Errorf("failure in round %s, slot %d (session of %v): %s; want only round 2's 404s of %s's sessions", f.Round, f.Slot, rs.replicaOf(f.SessionID), f.Reason, victim.Name)
-				} else if json.Unmarshal([]byte(f.Body), &body) != nil || body.JSONRPC != "2.0" || body.Error == nil {
-					t.Errorf("slot %d: the 404's body %q is not a JSON-RPC error", f.Slot, f.Body)
-				}
-			}
-			if len(res.Failures) > 0 {
-				t.Logf("the 404 of slot %d: %s", res.Failures[0].Slot, res.Failures[0].Body)
-			}
-			rs.wantServedByTheirReplicas(t, res)
-		})
+		}
 	}
+}
+
+// testGoneReplica is one case of the test above.
+func testGoneReplica(t *testing.T, front balancer, what string, sig syscall.Signal, least, bound time.Duration) {
+	signal := map[syscall.Signal]string{syscall.SIGKILL: "SIGKILL", syscall.SIGTERM: "SIGTERM"}[sig]
+	rs := startReplicaServers(t, 3)
+	rs.startInstances(t, front)
+	run := startHoldRun(t, rs, statefulSessions)
+	run.waitReady(t)
+	victim := rs.replicas[2]
+	mine := run.slotsOf(t, rs, victim)
+	run.round(t, "")
+	run.wantRoundAnswered(t, 1)
+	// A replica logs a request once its answer's stream has ended,
+	// which may come after the client has its reply: gone before, it
+	// would not show what it served. So far each session sent
+	// notifications/initialized, logging/setLevel, tools/list and
+	// round 1's call.
+	waitFor(t, victim.Name+" logs every request of its sessions", statefulEventBound, func() bool {
+		answered, _ := victim.counts(t).sessionRequests()
+		return answered >= 4*len(mine)
+	})
+
+	for _, p := range []*process{victim.caddy.proc, victim.proc} {
+		if err := syscall.Kill(-p.cmd.Process.Pid, sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	signalled := time.Now()
+	for _, p := range []*process{victim.caddy.proc, victim.proc} {
+		select {
+		case <-p.exited:
+		case <-time.After(statefulEventBound):
+			t.Fatalf("%s still runs %v after %s", p.name, statefulEventBound, signal)
+		}
+	}
+	run.send(t, "round")
+	run.until(t, "every session of "+victim.Name+" answered 404", bound, func(h *holdState) bool { return h.failedOf(2, mine) == len(mine) })
+	run.waitDone(t, 2)
+	h := run.snapshot()
+	var first, last time.Duration
+	for i, slot := range mine {
+		f := h.failed[roundSlot{2, slot}]
+		d := f.at.Sub(signalled)
+		if i == 0 || d < first {
+			first = d
+		}
+		last = max(last, d)
+	}
+	t.Logf("%s and its Caddy %s (%s): its %d sessions' next requests answered 404 from %v to %v after the %s", victim.Name, what, signal, len(mine), first.Round(time.Millisecond), last.Round(time.Millisecond), signal)
+	if first < least {
+		t.Errorf("a request of %s's sessions was answered 404 %v after the %s, before its kept lease (%v) ran out", victim.Name, first.Round(time.Millisecond), signal, least)
+	}
+	if others := run.others(mine); h.answeredOf(2, others) != len(others) || h.failedOf(2, others) != 0 {
+		t.Errorf("round 2: %d of the other replicas' %d sessions answered, %d failed: %v", h.answeredOf(2, others), len(others), h.failedOf(2, others), run.failuresOf(2))
+	}
+	for _, slot := range mine {
+		if got := h.answered[roundSlot{2, slot}]; got.IsZero() {
+			t.Errorf("slot %d: its call was not answered on a new session after the 404: %s", slot, h.failed[roundSlot{2, slot}].reason)
+		}
+		if r := rs.replicaOf(h.sessions[slot]); r == nil || r == victim {
+			t.Errorf("slot %d: its new session %q is not on a live replica", slot, h.sessions[slot])
+		}
+	}
+
+	run.round(t, "")
+	run.wantRoundAnswered(t, 3)
+	res := run.stop(t)
+	if res.Renewed != len(mine) {
+		t.Errorf("%d new sessions, want one for each of %s's %d", res.Renewed, victim.Name, len(mine))
+	}
+	for _, f := range res.Failures {
+		var body struct {
+			JSONRPC string `json:"jsonrpc"`
+			Error   *struct {
+				Code    int    `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if f.Round != json.Number("2") || rs.replicaOf(f.SessionID) != victim || f.Status != json.Number("404") {
+			t.Errorf("failure in round %s, slot %d (session of %v): %s; want only round 2's 404s of %s's sessions", f.Round, f.Slot, rs.replicaOf(f.SessionID), f.Reason, victim.Name)
+		} else if json.Unmarshal([]byte(f.Body), &body) != nil || body.JSONRPC != "2.0" || body.Error == nil {
+			t.Errorf("slot %d: the 404's body %q is not a JSON-RPC error", f.Slot, f.Body)
+		}
+	}
+	if len(res.Failures) > 0 {
+		t.Logf("the 404 of slot %d: %s", res.Failures[0].Slot, res.Failures[0].Body)
+	}
+	rs.wantServedByTheirReplicas(t, res)
 }
 
 // wantServedByTheirReplicas fails the test unless each replica's log
