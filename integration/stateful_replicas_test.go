@@ -120,6 +120,7 @@ func (rs *statefulReplicas) startInstances(t *testing.T, b balancer, edits ...[2
 			"INSTANCE_PORT=" + strconv.Itoa(in.Port),
 			"INSTANCE_BIND=127.0.0.1",
 			"INSTANCE_ADMIN=127.0.0.1:" + strconv.Itoa(in.Admin),
+			"ADVERTISE=127.0.0.1:" + strconv.Itoa(in.Port),
 			"INSTANCE_NAME=" + r.Name,
 			"UPSTREAM=" + r.Addr,
 			"REDIS_ADDRESS=" + rs.redis.Addr,
@@ -238,8 +239,8 @@ func (rs *statefulReplicas) notFound(t *testing.T, label string) (notFound, gets
 }
 
 // The example's instance.Caddyfile adapts: mcp_serializer with state
-// redis, upstream_sessions instance and instance_name from
-// INSTANCE_NAME, before its reverse_proxy to its one replica.
+// redis, upstream_sessions instance, instance_name from INSTANCE_NAME and
+// advertise, before its reverse_proxy to its one replica.
 func TestStatefulReplicasExampleInstanceAdapts(t *testing.T) {
 	path := filepath.Join(repoRoot(t), "examples", "stateful-replicas", "instance.Caddyfile")
 	for env, want := range map[string]string{"": "replica-1", "INSTANCE_NAME=pod-7": "pod-7"} {
@@ -248,7 +249,7 @@ func TestStatefulReplicasExampleInstanceAdapts(t *testing.T) {
 		if serializer < 0 || upstream < serializer {
 			t.Errorf("want mcp_serializer before reverse_proxy:\n%s", out)
 		}
-		for _, field := range []string{`"upstream_sessions":"instance"`, `"instance_name":"` + want + `"`, `"127.0.0.1:6379"`, `"dial":"127.0.0.1:9181"`} {
+		for _, field := range []string{`"upstream_sessions":"instance"`, `"instance_name":"` + want + `"`, `"advertise":"127.0.0.1:8081"`, `"127.0.0.1:6379"`, `"dial":"127.0.0.1:9181"`} {
 			if !strings.Contains(out, field) {
 				t.Errorf("environment %q: want %s in:\n%s", env, field, out)
 			}
