@@ -49,6 +49,7 @@ type requestInfo struct {
 	keyed           bool
 	held            bool
 	unread          bool // a POST whose body is not read whole: its client's leaving goes unseen
+	bySession       bool // a session's request routed by its session, its key's line notwithstanding
 }
 
 // newRequestInfo starts the info of a request in session (or key) id.
@@ -57,9 +58,11 @@ func newRequestInfo(r *http.Request, id string) *requestInfo {
 }
 
 // owned is what decides where the request is served with order owner:
-// its key's queue if it has one, else its session.
+// its key's queue if it has one, else its session; always its session
+// with upstream_sessions instance (bySession), whose upstream alone holds
+// it.
 func (info *requestInfo) owned() (id string, keyed bool) {
-	if info.line != "" {
+	if info.line != "" && !info.bySession {
 		return info.line, true
 	}
 	return info.sessionID, info.keyed

@@ -26,6 +26,12 @@ const sessionHeader = "Mcp-Session-Id"
 // session-less POSTs for the response that creates a session.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	h.applySettings()
+	if h.owners != nil && r.Header.Get(ownerHeader) != "" {
+		// Forwarded here: every answer this instance gives it, one
+		// before its owner is looked at (a body over max_buffered) too,
+		// is its own, and must say so to be passed on.
+		w.Header().Set(servedByHeader, h.owners.Self())
+	}
 	ids := r.Header.Values(sessionHeader)
 	if len(ids) == 0 {
 		if r.Method != http.MethodPost {
@@ -49,7 +55,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// client's id names stays with the request, for routing.
 	idOwner, id := h.splitSessionID(ids[0])
 	info := newRequestInfo(r, id)
-	info.idOwner = idOwner
+	info.idOwner, info.bySession = idOwner, h.pinned()
 	info.publish(r)
 	if h.Key != "" && r.Method != http.MethodGet {
 		// A user signing in by e-mail, whose login this instance has not

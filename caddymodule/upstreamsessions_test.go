@@ -290,12 +290,7 @@ func TestWithInstanceSessionsALiveInstanceCutOffFromRedisIsStillForwardedTo(t *t
 	_, in, cid, _ := startPinnedInstances(t)
 	named, _, _ := owner.SplitOwner(cid)
 	loadThroughAdmin(t, in.admin, cutOffFromRedis(t, in.caddyfile(""), in.a))
-	lapses, _ := in.leaseByID(t, named)
-	// Seen lapsed by b: absent from its listings, made every second, for
-	// the lock delay.
-	wait.Until(t, "a's lease lapsed past the lock delay and b's next listings", func() bool {
-		return time.Now().After(lapses.Add(owner.LeaseLife + 2*time.Second))
-	})
+	in.waitLapsedForOthers(t, named)
 	ctx := context.Background()
 	expectResult(t, call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, rpcRequest("4", "tools/list")), "4")
 	expectResult(t, call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("3", "tools/list")), "3")
@@ -323,4 +318,109 @@ func TestWithInstanceSessionsAClientsOwnerHeaderDoesNotServeAnotherInstancesSess
 	if n := len(up.requests()) - before; n != 0 {
 		t.Fatalf("the upstream ran it %d times, want never", n)
 	}
+}
+
+// startPinnedBlocking is startPinnedInstances with an upstream whose
+// requests naming "block" run until release is closed.
+func startPinnedBlocking(t *testing.T, release <-chan struct{}, settings ...string) (*upstream, *ownerInstances, string) {
+	t.Helper()
+	var minted atomic.Int64
+	echo := echoingAnswer(func() string { return fmt.Sprintf("up-%d", minted.Add(1)) })
+	up, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if strings.Contains(string(body), "block") {
+			<-release
+		}
+		echo(w, r, body)
+	})
+	in := startOwnerInstances(t, addr, append([]string{"upstream_sessions instance", "instance_name replica-{instance}", "advertise 127.0.0.1:{port}"}, settings...)...)
+	ctx := context.Background()
+	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
+	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
+	wait.Until(t, "b forwarding the session's requests to a", func() bool {
+		sent := scrapeMetric(t, in.b, forwardedSeries)
+		expectResult(t, call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("2", "tools/list")), "2")
+		return scrapeMetric(t, in.b, forwardedSeries) > sent
+	})
+	return up, in, cid
+}
+
+// waitLapsedForOthers waits until instance id's lease has lapsed and
+// stayed so past the lock delay and the others' next listings.
+func (in *ownerInstances) waitLapsedForOthers(t *testing.T, id string) {
+	t.Helper()
+	lapses, _ := in.leaseByID(t, id)
+	wait.Until(t, "the lease lapsed past the lock delay and the next listings", func() bool {
+		return time.Now().After(lapses.Add(owner.LeaseLife + 2*time.Second))
+	})
+}
+
+// An instance cut off from Redis alone, whose lease lapsed, answers its
+// sessions' requests its own way, a 503 too (max_buffered full): that
+// answer is its own, stamped, and passed on, not taken for another
+// program's and turned into a 404 that would end a live session.
+func TestWithInstanceSessionsALapsedLiveInstancesOwn503IsPassedOn(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	up, in, cid := startPinnedBlocking(t, release, "max_body 1KiB", "max_buffered 1100", "queue_timeout 5s")
+	named, _, _ := owner.SplitOwner(cid)
+	loadThroughAdmin(t, in.admin, cutOffFromRedis(t, in.caddyfile(""), in.a))
+	in.waitLapsedForOthers(t, named)
+	ctx := context.Background()
+	// A long call at a holds about 1000 bytes of a's max_buffered.
+	callAsync(ctx, http.MethodPost, in.a, cid, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"block","pad":"`+strings.Repeat("x", 900)+`"}}`)
+	wait.Until(t, "the long call upstream", func() bool {
+		for _, r := range up.requests() {
+			if strings.Contains(string(r.Body), "block") {
+				return true
+			}
+		}
+		return false
+	})
+	a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"pad":"`+strings.Repeat("y", 200)+`"}}`)
+	if a.status != http.StatusServiceUnavailable || !strings.Contains(string(a.body), "max_buffered") {
+		t.Fatalf("at b, while a's max_buffered is full: %d %s; want a's own 503", a.status, a.body)
+	}
+}
+
+// With key, a session's request follows its session, to the instance
+// whose upstream holds it, not its key's line: once that instance is seen
+// lapsed (cut off from Redis alone, alive), another instance that takes
+// the user's line over still forwards the session there.
+func TestWithInstanceSessionsAKeyedSessionFollowsItsSessionNotItsKeysLine(t *testing.T) {
+	var minted atomic.Int64
+	_, addr := newUpstream(t, echoingAnswer(func() string { return fmt.Sprintf("up-%d", minted.Add(1)) }))
+	in := startOwnerInstances(t, addr, "upstream_sessions instance", "instance_name replica-{instance}",
+		"advertise 127.0.0.1:{port}", "key {http.request.header.X-User}", "queue_timeout 2s")
+	send := func(site, sid, body string) answer {
+		req, _ := http.NewRequest(http.MethodPost, site, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("X-User", "alice")
+		if sid != "" {
+			req.Header.Set("Mcp-Session-Id", sid)
+		}
+		resp, err := do(http.DefaultClient, req)
+		if err != nil {
+			return answer{err: err}
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return answer{status: resp.StatusCode, header: resp.Header, body: b}
+	}
+	cid := send(in.a, "", initializeBody).header.Get("Mcp-Session-Id")
+	named, _, ok := owner.SplitOwner(cid)
+	if !ok || named != owner.IDFor("replica-a", "a") {
+		t.Fatalf("alice's session %q: want one naming a", cid)
+	}
+	send(in.a, cid, initializedBody)
+	wait.Until(t, "b forwarding alice's session to a", func() bool {
+		sent := scrapeMetric(t, in.b, forwardedSeries)
+		send(in.b, cid, rpcRequest("2", "tools/list"))
+		return scrapeMetric(t, in.b, forwardedSeries) > sent
+	})
+	loadThroughAdmin(t, in.admin, cutOffFromRedis(t, in.caddyfile(""), in.a))
+	in.waitLapsedForOthers(t, named)
+	sent := scrapeMetric(t, in.b, forwardedSeries)
+	expectResult(t, send(in.b, cid, rpcRequest("3", "tools/list")), "3")
+	wait.Until(t, "b forwarding alice's session to a, alive", func() bool { return scrapeMetric(t, in.b, forwardedSeries) > sent })
 }

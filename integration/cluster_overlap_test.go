@@ -113,7 +113,7 @@ type failedCall struct {
 	BeganAt float64 `json:"beganAt"`
 	EndedAt float64 `json:"endedAt"`
 	Reason  string  `json:"reason"`
-	// ByNginx: the answer was nginx's own error page, not an instance's.
+	// ByNginx: the answer was nginx's own 502 page, not an instance's.
 	ByNginx bool `json:"byNginx"`
 }
 
@@ -498,7 +498,15 @@ func TestClusterRoundRobinRollingDeployRunsNoSessionsCallsAtOnce(t *testing.T) {
 			// closed listener, or an idle connection closed just then):
 			// examples/cluster/nginx.conf keeps non_idempotent out of
 			// proxy_next_upstream rather than risk running a call twice.
-			wantNoCallsAtOnceExcusing(t, c, run.wait(t), began, "answered by nginx itself", func(f failedCall) bool { return f.ByNginx })
+			// At most one a stopping instance.
+			excused := 0
+			wantNoCallsAtOnceExcusing(t, c, run.wait(t), began, "answered 502 by nginx itself, at most one per instance stopped", func(f failedCall) bool {
+				if f.ByNginx && excused < len(c.Instances) {
+					excused++
+					return true
+				}
+				return false
+			})
 		})
 	}
 }

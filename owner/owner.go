@@ -267,8 +267,14 @@ func (d *Directory) Route(ctx context.Context, s Store, id, named, here string) 
 			}
 			if d.pinned.Load() && named != "" {
 				// Only the named instance's upstream holds the session:
-				// never served here, nor claimed.
-				switch live, addr = d.liveness(ctx, named); live {
+				// never served here, nor claimed. An instance never
+				// listed is not noticed (liveness would): ids a client
+				// made up must not fill the members.
+				if live == Unknown {
+					d.members.RefreshStale(ctx)
+					live, addr = d.members.Status(named)
+				}
+				switch live {
 				case Alive:
 					if addr != "" {
 						return Owner{ID: named, Addr: addr}, true, false

@@ -1559,3 +1559,31 @@ func ownersOfS1(l Leases, ml *memLeases) (*memStore, *Directory, *Directory) {
 	b.Members().Renew(bg)
 	return s, a, b
 }
+
+// A client's made-up session ids naming instances nobody knows must not
+// keep an instance that starts later out of the membership: with
+// upstream_sessions instance (pinned), Route on such an id calls
+// liveness, whose Noticed fills the members table up to maxMembers.
+func TestMadeUpInstanceIDsDoNotKeepANewInstanceOutOfTheMembership(t *testing.T) {
+	bg := context.Background()
+	l := newMemLeases(&clock{})
+	for _, o := range []Owner{ownerA, ownerB} {
+		l.leases[o.ID] = lease{o.Addr, time.Time{}.Add(1000 * time.Hour), 1, false}
+	}
+	d := NewDirectory(NewMembership(ownerB.ID, func() Leases { return l }, nil), 100, time.Hour, nil)
+	d.Members().Refresh(bg)
+	d.SetPinned(true)
+	store := newMemStore()
+	for i := range maxMembers {
+		made := fmt.Sprintf("%016x", 0xfeed0000+i)
+		d.Route(bg, store, fmt.Sprintf("s%d", i), made, ownerB.Addr)
+	}
+	ownerC := Owner{ID: "cccc", Addr: "10.0.0.3:8080"}
+	l.mu.Lock()
+	l.leases[ownerC.ID] = lease{ownerC.Addr, time.Time{}.Add(1000 * time.Hour), 1, false}
+	l.mu.Unlock()
+	d.Members().Refresh(bg)
+	if live, addr := d.Members().Status(ownerC.ID); live != Alive || addr != ownerC.Addr {
+		t.Fatalf("a new instance listed after %d made-up ids: %v %q; want Alive at its address", maxMembers, live, addr)
+	}
+}

@@ -816,8 +816,8 @@ async function inflightSession(opts, run, index, control, onEnded) {
         if (failure) {
           run.failedCalls += 1;
           run.failures[failure.reason] = (run.failures[failure.reason] ?? 0) + 1;
-          // nginx's own error page: the front answered, not an instance.
-          const byNginx = /<center>nginx[^<]*<\/center>/.test(failure.detail ?? '');
+          // nginx's own 502 page: the front answered, not an instance.
+          const byNginx = /502 Bad Gateway[\s\S]*<center>nginx[^<]*<\/center>/.test(failure.detail ?? '');
           run.failedCallTimes.push({ beganAt, endedAt, reason: failure.reason, byNginx });
           if (run.samples.length < MAX_SAMPLES) run.samples.push(`#${index} lane ${l} call ${round}: ${failure.detail.slice(0, 300)}`);
         }
