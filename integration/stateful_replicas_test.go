@@ -54,6 +54,7 @@ const (
 // and the front.
 type statefulReplicas struct {
 	Front    string // the front's base URL
+	front    *front
 	replicas []*replica
 	redis    *redisServer
 }
@@ -73,20 +74,35 @@ type replica struct {
 // on its own port with its own log.
 func startReplicaServers(t *testing.T, n int) *statefulReplicas {
 	t.Helper()
-	node, script := v2Script(t, "v2server.mjs")
 	rs := &statefulReplicas{}
 	for i := 1; i <= n; i++ {
-		r := &replica{Name: "replica-" + strconv.Itoa(i), Addr: "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))}
-		r.log = filepath.Join(t.TempDir(), r.Name+".log")
-		dumpOnFailure(t, r.Name, r.log)
-		_, port, _ := strings.Cut(r.Addr, ":")
-		cmd := exec.Command(node, script, "--port", port, "--legacy", "sessions")
-		cmd.Dir = filepath.Dir(script)
-		r.proc = startProcess(t, r.Name, cmd, r.log, syscall.SIGTERM, 5*time.Second)
-		waitTCP(t, r.proc, r.Addr, r.log)
-		rs.replicas = append(rs.replicas, r)
+		rs.addReplicaServer(t)
 	}
 	return rs
+}
+
+// addReplicaServer runs one more replica, replica-N, on a port of its own.
+func (rs *statefulReplicas) addReplicaServer(t *testing.T) *replica {
+	t.Helper()
+	r := &replica{Name: "replica-" + strconv.Itoa(len(rs.replicas)+1), Addr: "127.0.0.1:" + strconv.Itoa(testnet.FreePort(t))}
+	r.log = filepath.Join(t.TempDir(), r.Name+".log")
+	dumpOnFailure(t, r.Name, r.log)
+	r.start(t)
+	rs.replicas = append(rs.replicas, r)
+	return r
+}
+
+// start runs the replica's v2server.mjs on its port, its log appended to,
+// and waits until it listens. It can be called again once the replica has
+// exited: the same port, an empty memory.
+func (r *replica) start(t *testing.T) {
+	t.Helper()
+	node, script := v2Script(t, "v2server.mjs")
+	_, port, _ := strings.Cut(r.Addr, ":")
+	cmd := exec.Command(node, script, "--port", port, "--legacy", "sessions")
+	cmd.Dir = filepath.Dir(script)
+	r.proc = startProcess(t, r.Name, cmd, r.log, syscall.SIGTERM, 5*time.Second)
+	waitTCP(t, r.proc, r.Addr, r.log)
 }
 
 // addrs are the replicas' addresses.
@@ -106,30 +122,8 @@ func (rs *statefulReplicas) startInstances(t *testing.T, b balancer, edits ...[2
 	t.Helper()
 	requireModule(t, redisStateModule)
 	rs.redis = startRedis(t)
-	config := renderExample(t, "stateful-replicas", "instance.Caddyfile", edits)
-	var dials []string
 	for _, r := range rs.replicas {
-		dir := t.TempDir()
-		in := &caddyInstance{Name: r.Name + " caddy", Port: testnet.FreePort(t), Admin: testnet.FreePort(t), dir: dir,
-			conf: filepath.Join(dir, "instance.Caddyfile"), log: filepath.Join(dir, "caddy.log")}
-		if err := os.WriteFile(in.conf, []byte(config), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		in.URL = "http://127.0.0.1:" + strconv.Itoa(in.Port)
-		in.env = []string{
-			"INSTANCE_PORT=" + strconv.Itoa(in.Port),
-			"INSTANCE_BIND=127.0.0.1",
-			"INSTANCE_ADMIN=127.0.0.1:" + strconv.Itoa(in.Admin),
-			"ADVERTISE=127.0.0.1:" + strconv.Itoa(in.Port),
-			"INSTANCE_NAME=" + r.Name,
-			"UPSTREAM=" + r.Addr,
-			"REDIS_ADDRESS=" + rs.redis.Addr,
-		}
-		dumpOnFailure(t, in.Name, in.conf, in.log)
-		in.start(t)
-		r.caddy = in
-		r.id, r.probe = instanceIDOf(t, in)
-		dials = append(dials, "127.0.0.1:"+strconv.Itoa(in.Port))
+		rs.startInstance(t, r, edits...)
 	}
 	opts := clusterOptions{Balancer: b}
 	if b == caddyRoundRobin {
@@ -138,7 +132,58 @@ func (rs *statefulReplicas) startInstances(t *testing.T, b balancer, edits ...[2
 		// instance closed is sent again.
 		opts.Front = deadInstanceFront + stoppingInstanceFront
 	}
-	rs.Front = startFront(t, opts, dials).URL
+	rs.front = startFront(t, opts, rs.dials())
+	rs.Front = rs.front.URL
+}
+
+// startInstance starts r's Caddy from the example's instance.Caddyfile
+// (each edit made once), named as r, and learns the instance ID its
+// sessions carry.
+func (rs *statefulReplicas) startInstance(t *testing.T, r *replica, edits ...[2]string) {
+	t.Helper()
+	config := renderExample(t, "stateful-replicas", "instance.Caddyfile", edits)
+	dir := t.TempDir()
+	in := &caddyInstance{Name: r.Name + " caddy", Port: testnet.FreePort(t), Admin: testnet.FreePort(t), dir: dir,
+		conf: filepath.Join(dir, "instance.Caddyfile"), log: filepath.Join(dir, "caddy.log")}
+	if err := os.WriteFile(in.conf, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in.URL = "http://127.0.0.1:" + strconv.Itoa(in.Port)
+	in.env = []string{
+		"INSTANCE_PORT=" + strconv.Itoa(in.Port),
+		"INSTANCE_BIND=127.0.0.1",
+		"INSTANCE_ADMIN=127.0.0.1:" + strconv.Itoa(in.Admin),
+		"ADVERTISE=127.0.0.1:" + strconv.Itoa(in.Port),
+		"INSTANCE_NAME=" + r.Name,
+		"UPSTREAM=" + r.Addr,
+		"REDIS_ADDRESS=" + rs.redis.Addr,
+	}
+	dumpOnFailure(t, in.Name, in.conf, in.log)
+	in.start(t)
+	r.caddy = in
+	r.id, r.probe = instanceIDOf(t, in)
+}
+
+// dials are the addresses of the replicas' instances, as the front dials
+// them.
+func (rs *statefulReplicas) dials() []string {
+	var dials []string
+	for _, r := range rs.replicas {
+		dials = append(dials, "127.0.0.1:"+strconv.Itoa(r.caddy.Port))
+	}
+	return dials
+}
+
+// addReplica starts one more replica and its Caddy (instance_name
+// replica-N, its own advertise; each edit made once in its config), waits
+// until it answers, and then gives it to the front: a Caddy front loads
+// its config again through its admin API, nginx reloads its file.
+func (rs *statefulReplicas) addReplica(t *testing.T, edits ...[2]string) *replica {
+	t.Helper()
+	r := rs.addReplicaServer(t)
+	rs.startInstance(t, r, edits...)
+	rs.front.setInstances(t, rs.dials())
+	return r
 }
 
 // instanceIDOf is the instance ID that the session ids of sessions
@@ -410,7 +455,7 @@ func TestStatefulReplicasCaddyRestartedServesItsReplicasSessionsAgain(t *testing
 			if !res.OK || res.Renewed != 0 {
 				t.Errorf("the sessions through the restart: %d failures, %d new sessions, %d failed deletes; want none: %v", len(res.Failures), res.Renewed, res.FailedDeletes, res.Failures)
 			}
-			rs.wantServedByTheirReplicas(t, res)
+			rs.wantServedByTheirReplicas(t, res, nil)
 		})
 	}
 }
@@ -531,15 +576,190 @@ func testGoneReplica(t *testing.T, front balancer, what string, sig syscall.Sign
 	if len(res.Failures) > 0 {
 		t.Logf("the 404 of slot %d: %s", res.Failures[0].Slot, res.Failures[0].Body)
 	}
-	rs.wantServedByTheirReplicas(t, res)
+	rs.wantServedByTheirReplicas(t, res, nil)
+}
+
+// One replica killed (SIGKILL) and started again on its port while its
+// Caddy runs and sessions of every replica are open: the replica forgot
+// its sessions, and their next requests, still sent to it by its Caddy,
+// are answered 404 by the replica itself, one for each (its log says so),
+// with the SDK's JSON-RPC error; each client starts a new session at
+// once, and it works wherever it was created. The other replicas'
+// sessions are untouched, and every other request was served by the
+// replica that created its session. No instance stops, so `upstream_sessions
+// shared` passes it too: what it rests on is each session's requests
+// reaching the instance its id names, which `order local` does not do.
+func TestStatefulReplicasReplicaRestartedLosesOnlyItsOwnSessions(t *testing.T) {
+	prerequisites(t)
+	for _, front := range roundRobinFronts {
+		t.Run(front.String(), func(t *testing.T) {
+			rs := startReplicaServers(t, 3)
+			rs.startInstances(t, front)
+			run := startHoldRun(t, rs, statefulSessions)
+			run.waitReady(t)
+			victim := rs.replicas[0]
+			mine := run.slotsOf(t, rs, victim)
+			others := run.others(mine)
+			run.round(t, "")
+			run.wantRoundAnswered(t, 1)
+			// Each session sent notifications/initialized,
+			// logging/setLevel, tools/list and round 1's call; the
+			// replica logs a request once its answer has ended.
+			waitFor(t, victim.Name+" logs every request of its sessions", statefulEventBound, func() bool {
+				answered, _ := victim.counts(t).sessionRequests()
+				return answered >= 4*len(mine)
+			})
+
+			if err := syscall.Kill(-victim.proc.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-victim.proc.exited:
+			case <-time.After(statefulEventBound):
+				t.Fatalf("%s still runs %v after SIGKILL", victim.Name, statefulEventBound)
+			}
+			victim.start(t)
+			if !victim.caddy.proc.running() {
+				t.Fatalf("%s exited with its replica", victim.caddy.Name)
+			}
+
+			run.round(t, "")
+			h := run.snapshot()
+			if h.answeredOf(2, others) != len(others) || h.failedOf(2, others) != 0 {
+				t.Errorf("round 2: %d of the other replicas' %d sessions answered, %d failed: %v", h.answeredOf(2, others), len(others), h.failedOf(2, others), run.failuresOf(2))
+			}
+			landed := map[string]int{}
+			for _, slot := range mine {
+				if _, ok := h.failed[roundSlot{2, slot}]; !ok {
+					t.Errorf("slot %d: its call on %s's forgotten session did not fail", slot, victim.Name)
+				}
+				if h.answered[roundSlot{2, slot}].IsZero() {
+					t.Errorf("slot %d: its call was not answered on a new session after the 404: %s", slot, h.failed[roundSlot{2, slot}].reason)
+				}
+				r := rs.replicaOf(h.sessions[slot])
+				if r == nil {
+					t.Errorf("slot %d: its new session %q names none of the instances", slot, h.sessions[slot])
+					continue
+				}
+				landed[r.Name]++
+			}
+			t.Logf("%s killed and started again with %d of the %d sessions; their next calls failed, and their new sessions were created on %v", victim.Name, len(mine), statefulSessions, landed)
+
+			run.round(t, "")
+			run.wantRoundAnswered(t, 3)
+			res := run.stop(t)
+			if res.Renewed != len(mine) {
+				t.Errorf("%d new sessions, want one for each of %s's %d", res.Renewed, victim.Name, len(mine))
+			}
+			for _, f := range res.Failures {
+				var body struct {
+					JSONRPC string `json:"jsonrpc"`
+					Error   *struct {
+						Code    int    `json:"code"`
+						Message string `json:"message"`
+					} `json:"error"`
+				}
+				if f.Round != json.Number("2") || rs.replicaOf(f.SessionID) != victim || f.Status != json.Number("404") {
+					t.Errorf("failure in round %s, slot %d (session of %v): %s; want only round 2's 404s of %s's sessions", f.Round, f.Slot, rs.replicaOf(f.SessionID), f.Reason, victim.Name)
+				} else if json.Unmarshal([]byte(f.Body), &body) != nil || body.JSONRPC != "2.0" || body.Error == nil {
+					t.Errorf("slot %d: the 404's body %q is not a JSON-RPC error", f.Slot, f.Body)
+				}
+			}
+			if len(res.Failures) > 0 {
+				t.Logf("the 404 of slot %d: %s", res.Failures[0].Slot, res.Failures[0].Body)
+			}
+			// The 404s are the replica's own: one for each of its
+			// sessions, and none at another replica.
+			rs.wantServedByTheirReplicas(t, res, map[*replica]int{victim: len(mine)})
+		})
+	}
+}
+
+// A fourth replica and its Caddy (instance_name replica-4, its own
+// advertise) started while sessions of the three are open, and given to
+// the front: the old sessions' requests that the front now sends to the
+// new instance are forwarded to the instances that created them, and
+// every old session keeps working, none answered 404; of the sessions
+// opened after it joined, the new instance creates its share, and they
+// all work. Every request was served by the replica that created its
+// session. A new instance on a Redis of its own does not find the old
+// sessions' instances and answers the old sessions' requests that reach it
+// 404 at once.
+func TestStatefulReplicasAnInstanceAddedTakesNewSessionsAndTouchesNoOldOne(t *testing.T) {
+	prerequisites(t)
+	for _, front := range roundRobinFronts {
+		t.Run(front.String(), func(t *testing.T) {
+			rs := startReplicaServers(t, 3)
+			rs.startInstances(t, front)
+			old := startHoldRun(t, rs, statefulSessions)
+			old.label = "old sessions"
+			old.waitReady(t)
+			old.slotsOf(t, rs, nil)
+			old.round(t, "")
+			old.wantRoundAnswered(t, 1)
+
+			joining := time.Now()
+			added := rs.addReplica(t)
+			given := time.Since(joining)
+			// The front has the new instance once an initialize sent to
+			// it creates a session there (left as it is: it sends no
+			// request naming a session).
+			client := &http.Client{Timeout: 30 * time.Second}
+			probes := 0
+			took := waitFor(t, "the front sends an initialize to "+added.Name, statefulEventBound, func() bool {
+				probes++
+				resp, body := post(t, client, rs.Front+"/mcp", "", initializeBody)
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("initialize through the front: %s %s", resp.Status, body)
+				}
+				return rs.replicaOf(resp.Header.Get("Mcp-Session-Id")) == added
+			})
+			t.Logf("%s and its Caddy started and given to the front %v after it began; the front sent an initialize to it %v later (initialize %d)",
+				added.Name, given.Round(time.Millisecond), took.Round(time.Millisecond), probes)
+
+			forwarded := func() float64 { return sumValues(added.caddy.metrics(t, "caddy_mcp_serializer_forwards_total")) }
+			old.round(t, "")
+			old.wantRoundAnswered(t, 2)
+			// Round 2 is the first request of old sessions that the front
+			// could send to the new instance.
+			oldThrough := forwarded()
+			t.Logf("old sessions' round 2: %s forwarded %v of their %d calls to the instances that created them", added.Name, oldThrough, statefulSessions)
+			if oldThrough == 0 {
+				t.Errorf("%s forwarded none of the old sessions' round 2: the front sent it none", added.Name)
+			}
+			fresh := startHoldRun(t, rs, statefulSessions)
+			fresh.label = "new sessions"
+			fresh.waitReady(t)
+			theirs := fresh.slotsOf(t, rs, added)
+			old.round(t, "")
+			fresh.round(t, "")
+			old.wantRoundAnswered(t, 3)
+			fresh.wantRoundAnswered(t, 1)
+			old.round(t, "")
+			fresh.round(t, "")
+			old.wantRoundAnswered(t, 4)
+			fresh.wantRoundAnswered(t, 2)
+			t.Logf("%s created %d of the %d sessions opened after it joined; it forwarded %v requests in all to the instances that created their sessions", added.Name, len(theirs), statefulSessions, forwarded())
+
+			resOld, resNew := old.stop(t), fresh.stop(t)
+			for _, res := range []holdResult{resOld, resNew} {
+				if !res.OK || res.Renewed != 0 {
+					t.Errorf("%d failures, %d new sessions, %d failed deletes; want none: %v", len(res.Failures), res.Renewed, res.FailedDeletes, res.Failures)
+				}
+			}
+			all := resOld
+			all.Sessions = append(append(all.Sessions[:0:0], resOld.Sessions...), resNew.Sessions...)
+			rs.wantServedByTheirReplicas(t, all, nil)
+		})
+	}
 }
 
 // wantServedByTheirReplicas fails the test unless each replica's log
 // shows exactly as many requests naming a session (GET excepted)
 // answered 2xx as the client had answered 2xx on the sessions whose id
 // names that replica's instance, and no replica answered such a request
-// 404.
-func (rs *statefulReplicas) wantServedByTheirReplicas(t *testing.T, res holdResult) {
+// 404 but for lost[r], the requests of sessions replica r forgot.
+func (rs *statefulReplicas) wantServedByTheirReplicas(t *testing.T, res holdResult, lost map[*replica]int) {
 	t.Helper()
 	want := map[*replica]int{}
 	for _, s := range res.Sessions {
@@ -563,8 +783,8 @@ func (rs *statefulReplicas) wantServedByTheirReplicas(t *testing.T, res holdResu
 		c := r.counts(t)
 		answered, notFound := c.sessionRequests()
 		t.Logf("%s served %d requests of its sessions (the client had %d answered), answered %d 404; its log: %v", r.Name, answered, want[r], notFound, map[string]int(c))
-		if answered != want[r] || notFound != 0 {
-			t.Errorf("%s answered %d requests of a session 2xx and %d 404; the client had %d answered on %s's sessions: a request was served by a replica that did not create its session", r.Name, answered, notFound, want[r], r.Name)
+		if answered != want[r] || notFound != lost[r] {
+			t.Errorf("%s answered %d requests of a session 2xx and %d 404 (want %d, of sessions it forgot); the client had %d answered on %s's sessions: a request was served by a replica that did not create its session", r.Name, answered, notFound, lost[r], want[r], r.Name)
 		}
 	}
 }
