@@ -553,29 +553,7 @@ func testGoneReplica(t *testing.T, front balancer, what string, sig syscall.Sign
 		}
 	}
 
-	run.round(t, "")
-	run.wantRoundAnswered(t, 3)
-	res := run.stop(t)
-	if res.Renewed != len(mine) {
-		t.Errorf("%d new sessions, want one for each of %s's %d", res.Renewed, victim.Name, len(mine))
-	}
-	for _, f := range res.Failures {
-		var body struct {
-			JSONRPC string `json:"jsonrpc"`
-			Error   *struct {
-				Code    int    `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if f.Round != json.Number("2") || rs.replicaOf(f.SessionID) != victim || f.Status != json.Number("404") {
-			t.Errorf("failure in round %s, slot %d (session of %v): %s; want only round 2's 404s of %s's sessions", f.Round, f.Slot, rs.replicaOf(f.SessionID), f.Reason, victim.Name)
-		} else if json.Unmarshal([]byte(f.Body), &body) != nil || body.JSONRPC != "2.0" || body.Error == nil {
-			t.Errorf("slot %d: the 404's body %q is not a JSON-RPC error", f.Slot, f.Body)
-		}
-	}
-	if len(res.Failures) > 0 {
-		t.Logf("the 404 of slot %d: %s", res.Failures[0].Slot, res.Failures[0].Body)
-	}
+	res := run.endWithOnlyRound2NotFounds(t, rs, victim, len(mine))
 	rs.wantServedByTheirReplicas(t, res, nil)
 }
 
@@ -645,29 +623,7 @@ func TestStatefulReplicasReplicaRestartedLosesOnlyItsOwnSessions(t *testing.T) {
 			}
 			t.Logf("%s killed and started again with %d of the %d sessions; their next calls failed, and their new sessions were created on %v", victim.Name, len(mine), statefulSessions, landed)
 
-			run.round(t, "")
-			run.wantRoundAnswered(t, 3)
-			res := run.stop(t)
-			if res.Renewed != len(mine) {
-				t.Errorf("%d new sessions, want one for each of %s's %d", res.Renewed, victim.Name, len(mine))
-			}
-			for _, f := range res.Failures {
-				var body struct {
-					JSONRPC string `json:"jsonrpc"`
-					Error   *struct {
-						Code    int    `json:"code"`
-						Message string `json:"message"`
-					} `json:"error"`
-				}
-				if f.Round != json.Number("2") || rs.replicaOf(f.SessionID) != victim || f.Status != json.Number("404") {
-					t.Errorf("failure in round %s, slot %d (session of %v): %s; want only round 2's 404s of %s's sessions", f.Round, f.Slot, rs.replicaOf(f.SessionID), f.Reason, victim.Name)
-				} else if json.Unmarshal([]byte(f.Body), &body) != nil || body.JSONRPC != "2.0" || body.Error == nil {
-					t.Errorf("slot %d: the 404's body %q is not a JSON-RPC error", f.Slot, f.Body)
-				}
-			}
-			if len(res.Failures) > 0 {
-				t.Logf("the 404 of slot %d: %s", res.Failures[0].Slot, res.Failures[0].Body)
-			}
+			res := run.endWithOnlyRound2NotFounds(t, rs, victim, len(mine))
 			// The 404s are the replica's own: one for each of its
 			// sessions, and none at another replica.
 			rs.wantServedByTheirReplicas(t, res, map[*replica]int{victim: len(mine)})
@@ -1155,4 +1111,35 @@ func (r *holdRun) stop(t *testing.T) holdResult {
 		t.Fatalf("%s: no result from the client (error %q)", r.label, r.res.Error)
 	}
 	return r.res
+}
+
+// endWithOnlyRound2NotFounds runs a third round, stops the run, and fails
+// the test unless its only failures were round 2's 404s (JSON-RPC errors)
+// of victim's sessions, each replaced by one new session.
+func (r *holdRun) endWithOnlyRound2NotFounds(t *testing.T, rs *statefulReplicas, victim *replica, victims int) holdResult {
+	t.Helper()
+	r.round(t, "")
+	r.wantRoundAnswered(t, 3)
+	res := r.stop(t)
+	if res.Renewed != victims {
+		t.Errorf("%d new sessions, want one for each of %s's %d", res.Renewed, victim.Name, victims)
+	}
+	for _, f := range res.Failures {
+		var body struct {
+			JSONRPC string `json:"jsonrpc"`
+			Error   *struct {
+				Code    int    `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if f.Round != json.Number("2") || rs.replicaOf(f.SessionID) != victim || f.Status != json.Number("404") {
+			t.Errorf("failure in round %s, slot %d (session of %v): %s; want only round 2's 404s of %s's sessions", f.Round, f.Slot, rs.replicaOf(f.SessionID), f.Reason, victim.Name)
+		} else if json.Unmarshal([]byte(f.Body), &body) != nil || body.JSONRPC != "2.0" || body.Error == nil {
+			t.Errorf("slot %d: the 404's body %q is not a JSON-RPC error", f.Slot, f.Body)
+		}
+	}
+	if len(res.Failures) > 0 {
+		t.Logf("the 404 of slot %d: %s", res.Failures[0].Slot, res.Failures[0].Body)
+	}
+	return res
 }
