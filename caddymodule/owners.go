@@ -349,8 +349,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, o owner.Owner,
 	repl.Set(placeholderOwnerID, o.ID)
 	ow := &ownerReplyWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, header: http.Header{}, sent: time.Now(),
 		ownerID: o.ID}
-	// A forward ends when the owner's lease lapses: a frozen owner, or a
-	// host gone silent under a pooled connection, never answers.
+	// cancelForward ends a forward whose owner never answers (frozen, or
+	// its host gone silent): once its lease lapses, or at the request's
+	// deadline if the owner has not asked for the body by then.
 	parent := r.Context()
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
