@@ -268,7 +268,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			// lease before any request reaches it.
 			h.owners.Members().SetAddr(h.advertise)
 		}
-		if h.pinned() && h.owners.Self() != owner.IDFor(h.instanceName, h.Name) {
+		if h.pinned() && h.owners.Self() != h.instanceID() {
 			h.logger.Warn("upstream_sessions instance: this instance keeps the ID it started with until it restarts; "+
 				"sessions it creates meanwhile are lost at that restart",
 				zap.String("instance_name", h.instanceName))

@@ -123,9 +123,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 			// and handed the sessions over: served here, it would run
 			// beside the session's next owner.
 			w.Header().Set(servedByHeader, h.formerOwner)
-			w.Header().Set(notOwnerHeader, "1")
-			return true, h.reject(w, r, "not_owner", http.StatusMisdirectedRequest, codeServerError,
-				"this instance does not serve this MCP session: the instance that forwarded the request reads its owner again", reqID)
+			return true, h.rejectNotOwner(w, r, reqID)
 		}
 		return false, nil
 	}
@@ -136,7 +134,6 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		// it arrived.
 		r.Header.Del(ownerHeader)
 		r.Header.Del("Expect")
-		w.Header().Set(servedByHeader, h.owners.Self())
 		if h.pinned() && !keyed && sentTo == h.owners.Self() && info.idOwner == sentTo {
 			// Only this instance's upstream can hold a session whose id
 			// names it, whatever its record says, or if it has none.
@@ -145,9 +142,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		if h.owners.Serves(r.Context(), h.ownerStore, id, sentTo) {
 			return false, nil
 		}
-		w.Header().Set(notOwnerHeader, "1")
-		return true, h.reject(w, r, "not_owner", http.StatusMisdirectedRequest, codeServerError,
-			"this instance does not serve this MCP session: the instance that forwarded the request reads its owner again", reqID)
+		return true, h.rejectNotOwner(w, r, reqID)
 	}
 	deadline := time.Now().Add(h.settings.QueueTimeout - info.proofWaited)
 	unread := raw == nil && r.Body != nil && r.Body != http.NoBody
@@ -247,6 +242,15 @@ func (h *Handler) lapsed(id string) bool {
 func (h *Handler) rejectGone(w http.ResponseWriter, r *http.Request, reqID []byte) error {
 	return h.reject(w, r, "owner_gone", http.StatusNotFound, codeSessionNotFound,
 		"session not found: the instance whose MCP server held this session is gone; start a new session", reqID)
+}
+
+// rejectNotOwner answers 421 a request forwarded to this instance, which
+// does not serve its session, so that the forwarding instance reads the
+// owner again; the answer carries this instance's stamp (ServeHTTP).
+func (h *Handler) rejectNotOwner(w http.ResponseWriter, r *http.Request, reqID []byte) error {
+	w.Header().Set(notOwnerHeader, "1")
+	return h.reject(w, r, "not_owner", http.StatusMisdirectedRequest, codeServerError,
+		"this instance does not serve this MCP session: the instance that forwarded the request reads its owner again", reqID)
 }
 
 // rejectOwnerUnreachable answers a request whose owner could not be

@@ -200,7 +200,8 @@ func (d *Directory) sessionTTL() time.Duration { return time.Duration(d.ttl.Load
 // SetPinned is told whether sessions live in their instance's own
 // upstream (one in-memory replica per instance): then a session is never
 // taken over, since no other upstream knows it, and once its instance's
-// lease has lapsed for good Route names Gone.
+// lease has lapsed Route still sends it to that instance's last address
+// (lapsedPinned).
 func (d *Directory) SetPinned(pinned bool) { d.pinned.Store(pinned) }
 
 // Members is this instance's membership.
