@@ -629,10 +629,7 @@ func TestAnInstanceDroppedByAReloadHandsItsSessionsOver(t *testing.T) {
 	in.waitForOwnerRecord(t, upstreamID)
 
 	// Site a is gone from the new config; b and the front stay.
-	full := in.caddyfile("")
-	start := strings.Index(full, strings.TrimPrefix(in.a, "")+" {")
-	end := strings.Index(full[start:], "\n}\n") + start + 3
-	loadThroughAdmin(t, in.admin, full[:start]+full[end:])
+	loadThroughAdmin(t, in.admin, withoutSite(in.caddyfile(""), in.a))
 
 	if o := in.recordField(upstreamID, "owner"); o != "" {
 		t.Fatalf("after a's site was dropped its session's record names %q, want no owner (handed over)", o)
@@ -724,11 +721,7 @@ func TestAReloadThatTurnsOrderOwnerOffHandsTheSessionsOver(t *testing.T) {
 	}
 	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
 
-	full := in.caddyfile("")
-	start := strings.Index(full, in.a+" {")
-	end := strings.Index(full[start:], "\n}\n") + start + 3
-	site := strings.Replace(full[start:end], "order owner", "order local", 1)
-	loadThroughAdmin(t, in.admin, full[:start]+site+full[end:])
+	loadThroughAdmin(t, in.admin, siteWith(in.caddyfile(""), in.a, orderLocal))
 
 	before := hits.Load()
 	a := call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("2", "tools/list"))
@@ -1215,10 +1208,7 @@ func TestAForwardReachingAnInstanceThatTurnedOrderOwnerOffIsAnswered421(t *testi
 		t.Fatalf("a's session id %q names no owner", cid)
 	}
 	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
-	full := in.caddyfile("")
-	start := strings.Index(full, in.a+" {")
-	end := strings.Index(full[start:], "\n}\n") + start + 3
-	loadThroughAdmin(t, in.admin, full[:start]+strings.Replace(full[start:end], "order owner", "order local", 1)+full[end:])
+	loadThroughAdmin(t, in.admin, siteWith(in.caddyfile(""), in.a, orderLocal))
 
 	before := len(up.requests())
 	req, _ := http.NewRequest(http.MethodPost, in.a, strings.NewReader(rpcRequest("2", "tools/list")))

@@ -49,10 +49,7 @@ func startPinnedInstances(t *testing.T, settings ...string) (*upstream, *ownerIn
 		expectResult(t, call(ctx, http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("2", "tools/list")), "2")
 		return scrapeMetric(t, in.b, forwardedSeries) > sent
 	})
-	full := in.caddyfile("")
-	start := strings.Index(full, in.a+" {")
-	end := strings.Index(full[start:], "\n}\n") + start + 3
-	return up, in, cid, full[:start] + full[end:]
+	return up, in, cid, withoutSite(in.caddyfile(""), in.a)
 }
 
 // leaseByID is instance id's lease as Redis holds it: when it lapses,
@@ -189,6 +186,15 @@ func TestWithInstanceSessionsAnInstanceStartedAgainServesItsSessionWithoutItsRec
 	wait.Until(t, "b counting its forward to a", func() bool { return scrapeMetric(t, in.b, forwardedSeries) > sent })
 }
 
+// withoutSite is the config without the site at url: that instance
+// stopped, as a reload dropping its site does.
+func withoutSite(full, url string) string {
+	return siteWith(full, url, func(string) string { return "" })
+}
+
+// orderLocal turns a site's order owner into order local.
+func orderLocal(site string) string { return strings.Replace(site, "order owner", "order local", 1) }
+
 // siteWith is the config with the site at url changed by edit.
 func siteWith(full, url string, edit func(site string) string) string {
 	start := strings.Index(full, url+" {")
@@ -235,7 +241,7 @@ func TestWithInstanceSessionsAKeyWhoseInstanceIsGoneIsTakenOver(t *testing.T) {
 		o, _ := in.redis.HGet(ctx, record, "owner").Result()
 		return strings.HasPrefix(o, aID+" ")
 	})
-	loadThroughAdmin(t, in.admin, siteWith(in.caddyfile(""), in.a, func(string) string { return "" }))
+	loadThroughAdmin(t, in.admin, withoutSite(in.caddyfile(""), in.a))
 	lease, _ := in.redis.HGet(ctx, "mcp_serializer:members", aID).Result()
 	_, rest, _ := strings.Cut(lease, " ")
 	in.redis.HSet(ctx, "mcp_serializer:members", aID, "1 "+rest) // lapsed long ago
@@ -271,7 +277,7 @@ func TestWithInstanceSessionsAnInstanceCutOffFromRedisNeverServesAnotherInstance
 	up, in, cid, _ := startPinnedInstances(t, "queue_timeout 1s")
 	full := in.caddyfile("")
 	// b starts again, cut off from Redis: it lists nobody.
-	loadThroughAdmin(t, in.admin, siteWith(full, in.b, func(string) string { return "" }))
+	loadThroughAdmin(t, in.admin, withoutSite(full, in.b))
 	loadThroughAdmin(t, in.admin, cutOffFromRedis(t, full, in.b))
 	before := len(up.requests())
 	a := call(context.Background(), http.DefaultClient, http.MethodPost, in.b, cid, rpcRequest("3", "tools/list"))
