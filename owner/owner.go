@@ -643,12 +643,14 @@ const releaseWorkers = 16
 // since it last knew that (it was frozen, or cut off from the engine
 // while the others were not), it reads who owns the session now and
 // answers false if another instance does (the session is known as
-// theirs from then on) or if that cannot be read. Otherwise true, at the
-// cost of no engine call.
+// theirs from then on) or if that cannot be read. It answers false too
+// for a session known as another's: the request was routed here before
+// this instance learned that (a request queued before it found the
+// session taken over). Otherwise true, at the cost of no engine call.
 func (d *Directory) Confirm(ctx context.Context, s Store, id string) bool {
 	k, ok := d.entry(id)
 	if ok && k.owner.ID != d.self {
-		return true
+		return false
 	}
 	epoch, lapsedAt, sure := d.members.Current(ctx)
 	if !sure {

@@ -464,6 +464,33 @@ func TestAnOwnerWhoseLeaseLapsedServesASessionAgainOnlyIfNobodyTookItOver(t *tes
 	}
 }
 
+// Two requests of a session queued at its owner while the owner was
+// frozen: on waking, the first learns that the session was taken over;
+// the second, which was routed here before that, must not go upstream
+// either (the instance now knows the session as another's).
+func TestAResumedOwnerSendsNoQueuedRequestOfASessionItLearnedWasTakenOver(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	a.Members().Renew(context.Background())
+	// Both routed here, to be served in turn, before the freeze.
+	for range 2 {
+		if _, forward, wait := a.Route(context.Background(), s, "s1", ownerA.ID, ownerA.Addr); forward || wait {
+			t.Fatal("the owner did not serve its own session")
+		}
+	}
+	lapse(l, ownerA, b)
+	b.Route(context.Background(), s, "s1", ownerA.ID, ownerB.Addr)
+	l.c.add(verifyDelay)
+	if a.Confirm(context.Background(), s, "s1") {
+		t.Fatal("the first queued request would go upstream beside the instance that took its session over")
+	}
+	if a.Confirm(context.Background(), s, "s1") {
+		t.Fatal("the second queued request would go upstream beside the instance that took its session over")
+	}
+}
+
 func TestRequestsOfASessionArrivingTogetherAskForItsOwnerOnce(t *testing.T) {
 	s, c := newMemStore(), &clock{}
 	s.owners["s1"] = ownerA.String()
