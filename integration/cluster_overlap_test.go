@@ -280,6 +280,40 @@ type overlapReport struct {
 	Overlaps int            `json:"overlaps"` // pairs of one session's requests that ran at once
 	Requests int            `json:"requests"` // requests counted
 	Running  int            `json:"running"`  // requests running when read
+	// Runs are the requests of each session whose peak is above 1, in the
+	// order they entered.
+	Runs map[string][]overlapRun `json:"runs"`
+}
+
+// overlapRun is one request's run at the backend: the pool (instance) and
+// worker it ran in, its JSON-RPC ids, and when it entered and left, in
+// seconds since the epoch (left nil: it still ran when read).
+type overlapRun struct {
+	Pool     string   `json:"pool"`
+	PID      int      `json:"pid"`
+	Messages string   `json:"messages"`
+	Entered  float64  `json:"entered"`
+	Left     *float64 `json:"left"`
+}
+
+// logOverlaps logs the runs of each session whose requests ran at once,
+// their times of day as the instances' logs give them.
+func logOverlaps(t *testing.T, rep overlapReport) {
+	t.Helper()
+	at := func(s float64) string {
+		return time.Unix(0, int64(s*1e9)).UTC().Format("15:04:05.000")
+	}
+	for session, runs := range rep.Runs {
+		var b strings.Builder
+		for _, r := range runs {
+			left := "still running"
+			if r.Left != nil {
+				left = at(*r.Left)
+			}
+			fmt.Fprintf(&b, "\n\t%s to %s  %s pid %d, request %s", at(r.Entered), left, r.Pool, r.PID, r.Messages)
+		}
+		t.Logf("session %s (its logs' hash: %.12s) at the backend, peak %d:%s", session, session, rep.Sessions[session], b.String())
+	}
 }
 
 // readOverlapReport reads store's counts once no request runs there any
@@ -361,6 +395,7 @@ func wantNoCallsAtOnceExcusing(t *testing.T, c *cluster, res inflightResult, beg
 		res.Opened, res.Calls, res.FailedCalls, res.Failures, during, res.FailedConnects, res.FailedDeletes, res.HTTPErrors, res.IDMismatches,
 		res.CallP50Ms, res.CallMaxMs, float64(res.ElapsedMs)/1000, time.Since(began).Seconds())
 	logSamples(t, res.Samples)
+	logOverlaps(t, rep)
 	forwardedBy(t, c)
 	if res.Calls == 0 || rep.Requests < res.Calls-res.FailedCalls {
 		t.Errorf("%d calls answered, %d requests counted at the backend: the counter missed calls", res.Calls-res.FailedCalls, rep.Requests)
@@ -595,8 +630,8 @@ func TestClusterRoundRobinOwnerFrozenRunsNoSessionsCallsAtOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			run.mark(t, "thaw")
-			t.Logf("%s frozen after %d calls ended, for %v, while %d calls ended elsewhere (reached %d: %v)",
-				victim.Name, at, time.Since(frozen).Round(time.Millisecond), run.callsEnded()-at, freezeCalls, elsewhere)
+			t.Logf("%s frozen at %s after %d calls ended, for %v, while %d calls ended elsewhere (reached %d: %v)",
+				victim.Name, frozen.UTC().Format("15:04:05.000"), at, time.Since(frozen).Round(time.Millisecond), run.callsEnded()-at, freezeCalls, elsewhere)
 			run.waitCalls(t, run.callsEnded()+2*overlapEvery)
 			run.stop(t)
 			wantNoCallsAtOnce(t, c, run.wait(t), began, &freezeWindow{from: "freeze", to: "thaw"})

@@ -140,12 +140,13 @@ func startCluster(t *testing.T, opts clusterOptions) *cluster {
 func (c *cluster) newInstance(t *testing.T) *caddyInstance {
 	t.Helper()
 	i := len(c.Instances)
+	name := fmt.Sprintf("instance-%c", 'a'+i)
 	var upstream string // the Caddyfile lines that serve MCP on the instance
 	if c.opts.Stub {
 		addr := startStub(t, c.stubDir, i)
 		upstream = fmt.Sprintf("\t\treverse_proxy %s {\n\t\t\tflush_interval -1\n\t\t}\n", addr)
 	} else {
-		fpm := startPHPFPM(t, phpFPMOptions{Workers: c.opts.PHPWorkers, Store: c.phpStore, ProgressMS: c.opts.ProgressMS, CountOverlap: c.opts.CountOverlap})
+		fpm := startPHPFPM(t, phpFPMOptions{Workers: c.opts.PHPWorkers, Store: c.phpStore, ProgressMS: c.opts.ProgressMS, CountOverlap: c.opts.CountOverlap, Pool: name})
 		c.fpms = append(c.fpms, fpm)
 		upstream = "\t" + strings.ReplaceAll(fpm.fastcgiDirectives(), "\n\t", "\n\t\t")
 	}
@@ -155,7 +156,7 @@ func (c *cluster) newInstance(t *testing.T) *caddyInstance {
 		relay = startHopRelay(t)
 		advertise = relay.Addr()
 	}
-	in := newCaddyInstance(t, fmt.Sprintf("instance-%c", 'a'+i), c.opts.Global, `	handle /healthz {
+	in := newCaddyInstance(t, name, c.opts.Global, `	handle /healthz {
 		respond "ok" 200
 	}
 	handle {

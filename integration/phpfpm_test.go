@@ -25,6 +25,9 @@ type phpFPMOptions struct {
 	// CountOverlap is MCP_PHP_COUNT_OVERLAP: count each session's requests
 	// running at once in the store (read with overlapReport).
 	CountOverlap bool
+	// Pool is MCP_PHP_POOL: a name kept with each request counted, so that
+	// an overlap shows where each of its requests ran.
+	Pool string
 	// Store is an existing session store to share with other pools (one
 	// per Caddy instance, as app servers share a database); "" creates
 	// one for this pool.
@@ -142,6 +145,9 @@ php_admin_flag[display_errors] = off
 php_admin_value[error_log] = %[9]s
 php_admin_value[max_execution_time] = 120
 `, dir, errorLog, f.Socket, opts.Workers, f.Store, opts.WorkMS, opts.ProgressMS, opts.GetSeconds, phpLog, boolInt(opts.AppLock), boolInt(opts.CountOverlap))
+	if opts.Pool != "" {
+		config += fmt.Sprintf("env[MCP_PHP_POOL] = %s\n", opts.Pool)
+	}
 	if err := os.WriteFile(conf, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}

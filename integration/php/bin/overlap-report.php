@@ -17,4 +17,5 @@ require __DIR__ . '/../src/OverlapCounter.php';
 $path = $argv[1] ?? Config::fromEnvironment()->storePath;
 $report = (new SessionStore($path))->overlapCounter()->report();
 $report['sessions'] = (object) $report['sessions'];
+$report['runs'] = (object) $report['runs'];
 fwrite(STDOUT, json_encode($report, JSON_UNESCAPED_SLASHES | JSON_THROW_ON_ERROR) . "\n");

@@ -34,6 +34,9 @@ declare(strict_types=1);
  *   MCP_PHP_COUNT_OVERLAP "1": count each session's requests running at once
  *                        in the store (OverlapCounter; read with
  *                        bin/overlap-report.php); default off
+ *   MCP_PHP_POOL         a name for this pool, kept with each request counted
+ *                        so that an overlap shows where each of its requests
+ *                        ran; default ""
  */
 final class Config
 {
@@ -54,6 +57,7 @@ final class Config
         public readonly int $listenSeconds = 0,
         public readonly int $activitySeconds = 60,
         public readonly bool $countOverlap = false,
+        public readonly string $pool = '',
     ) {
     }
 
@@ -86,6 +90,7 @@ final class Config
             listenSeconds: max(0, (int) self::value('MCP_PHP_LISTEN_SECONDS', '0')),
             activitySeconds: max(0, (int) self::value('MCP_PHP_ACTIVITY_SECONDS', '60')),
             countOverlap: in_array(strtolower(self::value('MCP_PHP_COUNT_OVERLAP', '0')), ['1', 'on', 'true', 'yes'], true),
+            pool: self::value('MCP_PHP_POOL', ''),
         );
     }
 

@@ -42,9 +42,11 @@ final class McpEndpoint
         $method = $_SERVER['REQUEST_METHOD'] ?? 'GET';
         $sessionId = $this->sessionHeader();
         try {
-            if ($this->config->countOverlap && $method === 'POST' && $sessionId !== null
-                && OverlapCounter::carriesRequest((string) file_get_contents('php://input'))) {
-                $this->store()->overlapCounter()->enter($sessionId);
+            if ($this->config->countOverlap && $method === 'POST' && $sessionId !== null) {
+                $ids = OverlapCounter::requestIds((string) file_get_contents('php://input'));
+                if ($ids !== []) {
+                    $this->store()->overlapCounter()->enter($sessionId, $this->config->pool, implode(',', $ids));
+                }
             }
             match ($method) {
                 'POST' => $this->locked($sessionId, fn () => $this->post($sessionId)),

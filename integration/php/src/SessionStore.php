@@ -69,6 +69,16 @@ final class SessionStore
             . ' overlaps INTEGER NOT NULL,'
             . ' requests INTEGER NOT NULL)'
         );
+        // Each counted request's run, so that an overlap can be told apart (OverlapCounter).
+        $this->db->exec(
+            'CREATE TABLE IF NOT EXISTS mcp_overlap_runs ('
+            . ' session TEXT NOT NULL,'
+            . ' pool TEXT NOT NULL,'
+            . ' pid INTEGER NOT NULL,'
+            . ' message TEXT NOT NULL,'
+            . ' entered REAL NOT NULL,'
+            . ' left_at REAL)'
+        );
         // Per-session locks of the opt-in app-lock mode (SessionLock).
         $this->db->exec(
             'CREATE TABLE IF NOT EXISTS mcp_locks ('
