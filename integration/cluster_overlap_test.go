@@ -596,19 +596,11 @@ func TestClusterRoundRobinSessionsCreatedDuringARedisOutageRunNoCallsAtOnce(t *t
 // calls have ended elsewhere or 20 s have passed, long enough for the
 // others to give up on it, then resumed (SIGCONT), behind each
 // round-robin front: calls in flight during the freeze may fail, and none
-// of a session's may run at once.
-//
-// On a machine loaded to its limit (a package's tests with -race beside
-// two busy loops) a session's calls still ran at once in 3 of 6 runs
-// (0 of 6 for the build before forwards were sent again, 1 of 13 for an
-// earlier one), with a cause not yet proven (docs/guarantees.md says so).
-// It runs when MCP_SERIALIZER_KNOWN_GAPS is set, so that `make test`
-// stays a verdict on what is promised.
+// of a session's may run at once. The front sends some of a session's
+// calls to the frozen instance itself; on waking it finds the session
+// taken over and sends each of them on to the new owner.
 func TestClusterRoundRobinOwnerFrozenRunsNoSessionsCallsAtOnce(t *testing.T) {
 	prerequisites(t)
-	if os.Getenv("MCP_SERIALIZER_KNOWN_GAPS") == "" {
-		t.Skip("a known gap under heavy load; set MCP_SERIALIZER_KNOWN_GAPS=1 to run it")
-	}
 	for _, front := range roundRobinFronts {
 		t.Run(front.String(), func(t *testing.T) {
 			began := time.Now()
