@@ -144,7 +144,9 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		}
 		return true, h.rejectNotOwner(w, r, reqID)
 	}
-	deadline := time.Now().Add(h.settings.QueueTimeout - info.proofWaited)
+	// One queue_timeout in all: a request sent on from the queue of an
+	// instance that lost its session (serveMoved) has waited there.
+	deadline := time.Now().Add(h.settings.QueueTimeout - info.proofWaited - info.waited)
 	unread := raw == nil && r.Body != nil && r.Body != http.NoBody
 	sent := false // an unread body went out and is gone
 	// through: this request is through its place in its session's

@@ -284,3 +284,94 @@ func (in *ownerInstances) lapseTo(t *testing.T, aID, record, owner string) (epoc
 	in.redis.HSet(ctx, record, "owner", owner)
 	return epoch, now
 }
+
+// An owner paused past its lease (a) with a session's requests queued
+// behind one that had passed its checks (held, as a paused instance holds
+// it): b took the session over meanwhile. On waking, each queued request
+// gets its turn at a, finds the session moved and is sent on to b, its
+// turn held until b answered it, so that b runs them in their arrival
+// order.
+func TestAResumedOwnerSendsItsQueuedRequestsOnInArrivalOrder(t *testing.T) {
+	ctx := context.Background()
+	var minted atomic.Int64
+	up, addr := newUpstream(t, echoingAnswer(func() string { return fmt.Sprintf("order-%d", minted.Add(1)) }))
+	in := startOwnerInstances(t, addr, "queue_timeout 30s")
+	full := in.caddyfile("")
+	start := strings.Index(full, in.a+" {")
+	site := strings.Replace(full[start:], "\treverse_proxy", "\tmcp_test_hold\n\treverse_proxy", 1)
+	global := strings.Replace(full[:start], "{\n", "{\n\torder mcp_test_hold after mcp_serializer\n", 1)
+	loadThroughAdmin(t, in.admin, global+site)
+
+	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
+	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
+	call(ctx, http.DefaultClient, http.MethodPost, in.b, "", initializeBody)
+	_, upstreamID, _ := strings.Cut(strings.TrimPrefix(cid, "mcps1."), ".")
+	record := "mcp_serializer:" + serializer.StoreKey(upstreamID)
+	var aID, bID, bAddr string
+	wait.Until(t, "both leases and a's record", func() bool {
+		aID, _, _, _ = in.leaseOf(t, in.a)
+		bID, _, _, bAddr = in.leaseOf(t, in.b)
+		o, _ := in.redis.HGet(ctx, record, "owner").Result()
+		return aID != "" && bID != "" && strings.HasPrefix(o, aID+" ")
+	})
+
+	held := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, in.a, strings.NewReader(rpcRequest(`"held"`, "tools/call")))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Session-Id", cid)
+		req.Header.Set("X-Hold", "1")
+		resp, err := do(http.DefaultClient, req)
+		if err != nil {
+			held <- answer{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		held <- answer{status: resp.StatusCode, body: b}
+	}()
+	<-holdArrived
+	const n = 30
+	var queued []<-chan answer
+	admin := &testCaddy{admin: in.admin}
+	for i := range n {
+		queued = append(queued, callAsync(ctx, http.MethodPost, in.a, cid, rpcRequest(fmt.Sprintf(`"q%02d"`, i), "tools/list")))
+		admin.awaitWaiting(t, i+1) // in the session's queue at a before the next
+	}
+	epoch, _ := in.lapseTo(t, aID, record, bID+" "+bAddr)
+	var renewed int64
+	wait.Until(t, "a's renewal finds its lease lapsed", func() bool {
+		_, exp, e, _ := in.leaseOf(t, in.a)
+		renewed = exp
+		return e != epoch
+	})
+	wait.Until(t, "a's next renewal", func() bool {
+		_, exp, _, _ := in.leaseOf(t, in.a)
+		return exp > renewed
+	})
+	before := len(up.requests())
+	holdRelease <- struct{}{}
+	<-held
+	for i, ch := range queued {
+		if a := await(t, ch, time.Minute, "a queued request"); a.status != http.StatusOK {
+			t.Fatalf("queued request q%02d: %d %s; want served by b", i, a.status, a.body)
+		}
+	}
+	var order []string
+	for _, r := range up.requests()[before:] {
+		for i := range n {
+			if strings.Contains(string(r.Body), fmt.Sprintf(`"q%02d"`, i)) {
+				order = append(order, fmt.Sprintf("q%02d", i))
+			}
+		}
+	}
+	for i := 1; i < len(order); i++ {
+		if order[i] < order[i-1] {
+			t.Fatalf("the session's queued requests reached the upstream out of arrival order: %v", order)
+		}
+	}
+	if len(order) != n {
+		t.Fatalf("the upstream ran %d of the %d queued requests: %v", len(order), n, order)
+	}
+}

@@ -197,12 +197,13 @@ func (h *Handler) serveKeyedInitialize(w http.ResponseWriter, r *http.Request, n
 		publishNoSession(r)
 		return h.rejectWait(w, r, info, err, body.id)
 	}
+	defer turn.Done(0) // a key's queue takes no effect from the answer
+	info.waited = turn.Waited()
 	if !h.stillOwner(r, info) {
-		turn.Done(0)
+		// Its turn held, as in serveInTurn.
 		publishNoSession(r)
 		return h.serveMoved(w, r, info, body.id, body.raw)
 	}
-	defer turn.Done(0) // a key's queue takes no effect from the answer
 	ended, err := h.previousOwnerDone(w, r, info, turn.Waited(), body.id)
 	if ended == nil {
 		publishNoSession(r)
@@ -265,8 +266,9 @@ func (h *Handler) serveInTurn(w http.ResponseWriter, r *http.Request, next caddy
 	// Deferred so that a panic downstream still frees the slot.
 	defer func() { ew.turn.Done(ew.status) }()
 	if !h.stillOwner(r, info) {
-		ew.turn.Done(0)
-		ew.turn = serializer.Turn{}
+		// Sent on with its turn held here, so that the session's later
+		// requests queued here follow it to the new owner one at a time,
+		// in their order.
 		return h.serveMoved(w, r, info, reqID, raw)
 	}
 	ended, err := h.previousOwnerDone(w, r, info, turn.Waited(), reqID)

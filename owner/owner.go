@@ -644,13 +644,17 @@ const releaseWorkers = 16
 // while the others were not), it reads who owns the session now and
 // answers false if another instance does (the session is known as
 // theirs from then on) or if that cannot be read. It answers false too
-// for a session known as another's: the request was routed here before
-// this instance learned that (a request queued before it found the
-// session taken over). Otherwise true, at the cost of no engine call.
+// for a session known as another's whose lease has not been seen lapsed:
+// the request was routed here before this instance learned that (a
+// request queued before it found the session taken over). Otherwise
+// true, at the cost of no engine call.
 func (d *Directory) Confirm(ctx context.Context, s Store, id string) bool {
 	k, ok := d.entry(id)
 	if ok && k.owner.ID != d.self {
-		return false
+		// A lapsed owner's session is served here without a takeover
+		// where this instance has no address to record (Route).
+		live, _ := d.members.Status(k.owner.ID)
+		return live == Lapsed
 	}
 	epoch, lapsedAt, sure := d.members.Current(ctx)
 	if !sure {

@@ -1614,3 +1614,32 @@ func TestMadeUpInstanceIDsDoNotKeepANewInstanceOutOfTheMembership(t *testing.T) 
 		t.Fatalf("a new instance listed after %d made-up ids: %v %q; want Alive at its address", maxMembers, live, addr)
 	}
 }
+
+// A request that reaches an instance at no address another instance could
+// dial (over TLS without advertise, a unix socket, a listener wrapper it
+// cannot see through) for a session whose owner's lease lapsed: Route
+// serves it here without taking the session over, so the directory still
+// knows the session as the lapsed owner's. Confirm lets it go upstream;
+// refused, it would be routed here again and answered 503 every time.
+func TestARequestServedHereWithoutAnAddressForALapsedOwnersSessionGoesUpstream(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b := leasedDir(ownerA, l), leasedDir(ownerB, l)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	a.Members().Renew(context.Background())
+	b.Members().Renew(context.Background())
+	b.Members().Refresh(context.Background())
+	// b meets the session while a lives: forwarded there.
+	if o, forward, _ := b.Route(context.Background(), s, "s1", "", ownerB.Addr); !forward || o.ID != ownerA.ID {
+		t.Fatalf("b routes a's session to %v, forward %v; want a", o, forward)
+	}
+	lapse(l, ownerA, b)
+	// Now a request of it reaches b where b has no address (TLS).
+	o, forward, wait := b.Route(context.Background(), s, "s1", "", "")
+	if forward || wait {
+		t.Fatalf("Route: %v forward %v wait %v; want served here (no address to take it over with)", o, forward, wait)
+	}
+	if !b.Confirm(context.Background(), s, "s1") {
+		t.Fatal("Confirm refuses the request Route just served here: serveMoved routes it here again and answers 503 owner_moved, every time")
+	}
+}
