@@ -33,6 +33,7 @@ var metrics = struct {
 	proofs      *prometheus.CounterVec
 	proofWait   prometheus.Histogram
 	keySecrets  prometheus.GaugeFunc
+	sharedIDs   prometheus.GaugeFunc
 }{}
 
 func init() {
@@ -96,6 +97,10 @@ func init() {
 		Help:    "Time a request waited for its credential's proof (key basic_user), not counted in queue_wait_seconds.",
 		Buckets: []float64{0.001, 0.005, 0.025, 0.1, 0.5, 1, 2.5, 10, 30},
 	})
+	metrics.sharedIDs = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "instance_id_shared",
+		Help: "Handlers (order owner) whose instance ID another instance renewed within the last minute: two instances run under one instance_name, and one session's requests can run on both at once.",
+	}, instanceIDsShared)
 	metrics.keySecrets = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: ns, Subsystem: sub, Name: "key_secret_differs",
 		Help: "Handlers (key with order owner) whose key_secret differs from the fingerprint the other instances of their table recorded in the shared state: one key's requests can then run on two instances at once.",
@@ -109,7 +114,7 @@ func registerMetrics(registry *prometheus.Registry) {
 	for _, c := range []prometheus.Collector{
 		metrics.sessions, metrics.queueWait, metrics.gateHolds, metrics.gateTimeout,
 		metrics.rejections, metrics.bypasses, metrics.evictions, metrics.stateErrors,
-		metrics.forwards, metrics.forwardTime, metrics.takeovers, metrics.proofs, metrics.proofWait, metrics.keySecrets,
+		metrics.forwards, metrics.forwardTime, metrics.takeovers, metrics.proofs, metrics.proofWait, metrics.keySecrets, metrics.sharedIDs,
 	} {
 		if err := registry.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -118,6 +123,27 @@ func registerMetrics(registry *prometheus.Registry) {
 			}
 		}
 	}
+}
+
+// sharedIDWarns spaces the ERROR lines about an instance ID two
+// instances renew.
+var sharedIDWarns warnlimit.Limiter
+
+// sharedRecently is how long after a renewal found its lease renewed by
+// another instance instance_id_shared still counts it.
+const sharedRecently = time.Minute
+
+// instanceIDsShared counts the live tables whose instance ID another
+// instance renewed within sharedRecently.
+func instanceIDsShared() float64 {
+	n, now := 0, time.Now()
+	tables.Range(func(_, v any) bool {
+		if at, _ := v.(pooledTable).owners.Members().Shared(); !at.IsZero() && now.Sub(at) < sharedRecently {
+			n++
+		}
+		return true
+	})
+	return float64(n)
 }
 
 // takenOver sums the takeovers of every live table.

@@ -273,7 +273,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 				"sessions it creates meanwhile are lost at that restart",
 				zap.String("instance_name", h.instanceName))
 		}
-		owners, store := h.owners, h.ownerStore
+		owners, store, logger, name := h.owners, h.ownerStore, h.logger, h.instanceName
+		owners.Members().OnShared(func(addr string) {
+			if ok, suppressed := sharedIDWarns.Allow(time.Now()); ok {
+				logger.Error("order owner: another instance renews this instance's lease: both run under one ID, and each takes "+
+					"the other's sessions for its own; give each instance its own instance_name",
+					zap.String("instance_name", name), zap.String("other", addr), zap.Int("suppressed", suppressed))
+			}
+		})
 		owners.Members().OnForgotten(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
 			go func() {

@@ -335,6 +335,16 @@ func (in *caddyInstance) waitRefusing(t testing.TB) {
 }
 
 // metrics returns the sum of every sample of a metric on the instance's
+// logText is what the instance has logged so far.
+func (in *caddyInstance) logText(t testing.TB) string {
+	t.Helper()
+	data, err := os.ReadFile(in.log)
+	if err != nil {
+		t.Fatalf("%s's log: %v", in.Name, err)
+	}
+	return string(data)
+}
+
 // admin endpoint, by label set ("" when it has none).
 func (in *caddyInstance) metrics(t testing.TB, name string) map[string]float64 {
 	t.Helper()

@@ -1143,3 +1143,42 @@ func (r *holdRun) endWithOnlyRound2NotFounds(t *testing.T, rs *statefulReplicas,
 	}
 	return res
 }
+
+// Two instances given one instance_name (a Caddyfile copied with the name
+// written into it) beside a third with its own: the two find at their
+// lease renewals that the other renews their lease, and each logs an
+// ERROR naming the other's address and counts in
+// caddy_mcp_serializer_instance_id_shared; the third does neither.
+func TestStatefulReplicasTwoInstancesGivenOneNameAreToldSo(t *testing.T) {
+	prerequisites(t)
+	requireModule(t, redisStateModule)
+	rs := startReplicaServers(t, 3)
+	rs.redis = startRedis(t)
+	rs.startInstance(t, rs.replicas[0])
+	rs.startInstance(t, rs.replicas[1], [2]string{"{$INSTANCE_NAME:replica-1}", rs.replicas[0].Name})
+	rs.startInstance(t, rs.replicas[2])
+	if rs.replicas[0].id != rs.replicas[1].id {
+		t.Fatalf("the two instances named %s carry IDs %s and %s, want one", rs.replicas[0].Name, rs.replicas[0].id, rs.replicas[1].id)
+	}
+	shared := func(in *caddyInstance) float64 {
+		return in.metrics(t, "caddy_mcp_serializer_instance_id_shared")[""]
+	}
+	first, second, third := rs.replicas[0].caddy, rs.replicas[1].caddy, rs.replicas[2].caddy
+	took := waitFor(t, "both instances named "+rs.replicas[0].Name+" count their shared ID", statefulEventBound, func() bool {
+		return shared(first) == 1 && shared(second) == 1
+	})
+	t.Logf("both instances counted their shared ID within %v of the third's start", took.Round(time.Millisecond))
+	for _, pair := range [][2]*caddyInstance{{first, second}, {second, first}} {
+		logged := pair[0].logText(t)
+		want := `"other":"127.0.0.1:` + strconv.Itoa(pair[1].Port) + `"`
+		if !strings.Contains(logged, `"level":"error"`) || !strings.Contains(logged, "another instance renews this instance's lease") || !strings.Contains(logged, want) {
+			t.Errorf("%s's log has no ERROR naming the other instance (%s)", pair[0].Name, want)
+		}
+	}
+	if n := shared(third); n != 0 {
+		t.Errorf("%s, named %s alone, counts %v shared IDs, want 0", third.Name, rs.replicas[2].Name, n)
+	}
+	if strings.Contains(third.logText(t), "another instance renews this instance's lease") {
+		t.Errorf("%s, named %s alone, logged that another instance renews its lease", third.Name, rs.replicas[2].Name)
+	}
+}

@@ -11,17 +11,28 @@ import (
 // call is bounded by the engine.
 type Leases interface {
 	// Renew keeps the lease of instance id, reached at addr, for life
-	// more on the engine's clock, and answers its epoch: 1 for a new
-	// lease, one more each time it had lapsed. An epoch above the last
-	// one seen means the lease lapsed in between, even if the answer of
-	// the renewal that found it lapsed was lost. existed false: the engine
-	// had no trace of it (it restarted empty, or this is the first).
-	Renew(ctx context.Context, id, addr string, life time.Duration) (epoch uint64, existed bool, err error)
+	// more on the engine's clock (Renewal says what it found).
+	Renew(ctx context.Context, id, addr string, life time.Duration) (Renewal, error)
 	// Drop ends id's lease as if it had lapsed that long ago, marked as
 	// ended by its instance (Lease.Dropped).
 	Drop(ctx context.Context, id string, lapsed time.Duration) error
 	// Members lists the leases, those that lapsed within a day included.
 	Members(ctx context.Context) (map[string]Lease, error)
+}
+
+// Renewal is what a renewal of a lease found.
+type Renewal struct {
+	// Epoch is 1 for a new lease, one more each time it had lapsed. An
+	// epoch above the last one seen means the lease lapsed in between,
+	// even if the answer of the renewal that found it lapsed was lost.
+	Epoch uint64
+	// Existed false: the engine had no trace of it (it restarted empty,
+	// or this is the first).
+	Existed bool
+	// Holder is the address the lease named before, if it still stood:
+	// one other than this instance's says that another instance renewed
+	// it since, under the same ID.
+	Holder string
 }
 
 // Lease is an instance's lease as listed.
@@ -85,6 +96,13 @@ type Membership struct {
 	leaseEpoch  uint64
 	onForgotten func()    // see OnForgotten
 	attempt     time.Time // when the last renewal attempt ended, whatever its answer
+	// renewedAddr is the address of the last renewal that succeeded.
+	renewedAddr string
+	// sharedAt and sharedWith: when a renewal last found this lease
+	// renewed from another address since (see OnShared), and that address.
+	sharedAt   time.Time
+	sharedWith string
+	onShared   func(addr string)
 	// unsure: the last renewal failed a lease's life or more after the
 	// attempt before it ended, or was answered that long after it was
 	// sent (this instance was paused, or stuck in the call), and none has
@@ -209,7 +227,7 @@ func (m *Membership) StopKeeping(ctx context.Context, leases Leases, life time.D
 	addr := m.addr
 	m.mu.Unlock()
 	if leases != nil && addr != "" {
-		_, _, _ = leases.Renew(ctx, m.self, addr, life)
+		_, _ = leases.Renew(ctx, m.self, addr, life)
 	}
 }
 
@@ -224,17 +242,17 @@ func (m *Membership) Renew(ctx context.Context) {
 	addr := m.addr
 	m.mu.Unlock()
 
-	var epoch uint64
-	var existed bool
+	var r Renewal
 	var err error
 	l := m.leases()
 	began := m.now()
 	if l != nil && addr != "" {
 		call, cancel := context.WithTimeout(ctx, m.every)
-		epoch, existed, err = l.Renew(call, m.self, addr, m.life)
+		r, err = l.Renew(call, m.self, addr, m.life)
 		cancel()
 	}
-	forgotten := false
+	epoch, existed := r.Epoch, r.Existed
+	forgotten, shared := false, ""
 
 	m.mu.Lock()
 	now := m.now()
@@ -247,6 +265,14 @@ func (m *Membership) Renew(ctx context.Context) {
 	slow := m.held && now.Sub(began) >= m.life
 	late := err != nil && paused || slow
 	m.attempt = now
+	if err == nil && l != nil && addr != "" {
+		if m.held && r.Holder != "" && r.Holder != addr && r.Holder != m.renewedAddr {
+			// Renewed since from another address: this instance's own
+			// last renewal named renewedAddr.
+			shared, m.sharedAt, m.sharedWith = r.Holder, now, r.Holder
+		}
+		m.renewedAddr = addr
+	}
 	switch {
 	case l == nil || addr == "":
 	case err != nil:
@@ -275,11 +301,32 @@ func (m *Membership) Renew(ctx context.Context) {
 		}
 		m.held, m.leaseEpoch = true, epoch
 	}
-	onForgotten := m.onForgotten
+	onForgotten, onShared := m.onForgotten, m.onShared
 	m.mu.Unlock()
 	if forgotten && onForgotten != nil {
 		onForgotten()
 	}
+	if shared != "" && onShared != nil {
+		onShared(shared)
+	}
+}
+
+// OnShared sets what to do when a renewal finds that another instance
+// renewed this instance's lease since this one last did, from address
+// addr: two instances run under one ID (one instance_name given to both),
+// and each takes the other's sessions for its own.
+func (m *Membership) OnShared(f func(addr string)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.onShared = f
+}
+
+// Shared is when a renewal last found this instance's lease renewed by
+// another instance, and that instance's address; the zero time if never.
+func (m *Membership) Shared() (at time.Time, addr string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sharedAt, m.sharedWith
 }
 
 // OnForgotten sets what to do when a renewal finds that the engine forgot

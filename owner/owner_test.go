@@ -121,22 +121,24 @@ type lease struct {
 
 func newMemLeases(c *clock) *memLeases { return &memLeases{c: c, leases: map[string]lease{}} }
 
-func (l *memLeases) Renew(_ context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
+func (l *memLeases) Renew(_ context.Context, id, addr string, life time.Duration) (Renewal, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.fail != nil {
-		return 0, false, l.fail
+		return Renewal{}, l.fail
 	}
 	old, ok := l.leases[id]
-	epoch := uint64(1)
+	r := Renewal{Epoch: 1, Existed: ok}
 	if ok {
-		epoch = old.epoch
+		r.Epoch = old.epoch
 		if !old.until.After(l.c.now()) {
-			epoch++
+			r.Epoch++
+		} else {
+			r.Holder = old.addr
 		}
 	}
-	l.leases[id] = lease{addr, l.c.now().Add(life), epoch, false}
-	return epoch, ok, nil
+	l.leases[id] = lease{addr, l.c.now().Add(life), r.Epoch, false}
+	return r, nil
 }
 
 func (l *memLeases) Drop(_ context.Context, id string, lapsed time.Duration) error {
@@ -873,13 +875,13 @@ type lossyLeases struct {
 	lose bool
 }
 
-func (l *lossyLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
-	epoch, existed, err := l.memLeases.Renew(ctx, id, addr, life)
+func (l *lossyLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (Renewal, error) {
+	r, err := l.memLeases.Renew(ctx, id, addr, life)
 	if l.lose {
 		l.lose = false
-		return 0, false, errors.New("no answer within 250ms")
+		return Renewal{}, errors.New("no answer within 250ms")
 	}
-	return epoch, existed, err
+	return r, err
 }
 
 // An owner frozen past its lease whose first renewal on waking is applied
@@ -960,13 +962,13 @@ type stuckLeases struct {
 	during func()
 }
 
-func (l *stuckLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
-	epoch, existed, err := l.memLeases.Renew(ctx, id, addr, life)
+func (l *stuckLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (Renewal, error) {
+	r, err := l.memLeases.Renew(ctx, id, addr, life)
 	if during := l.during; during != nil && id == ownerA.ID {
 		l.during = nil
 		during()
 	}
-	return epoch, existed, err
+	return r, err
 }
 
 // A renewal whose answer arrives a lease's life after it was sent (the
@@ -1245,13 +1247,13 @@ type slowDownLeases struct {
 	down    bool
 }
 
-func (l *slowDownLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
+func (l *slowDownLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (Renewal, error) {
 	if err := ctx.Err(); err != nil {
-		return 0, false, err // bounded: a caller gone gets its answer at once
+		return Renewal{}, err // bounded: a caller gone gets its answer at once
 	}
 	if l.down {
 		l.c.add(l.timeout)
-		return 0, false, errors.New("no answer within " + l.timeout.String())
+		return Renewal{}, errors.New("no answer within " + l.timeout.String())
 	}
 	return l.memLeases.Renew(ctx, id, addr, life)
 }
@@ -1309,7 +1311,7 @@ type deadlineLeases struct {
 	left []time.Duration
 }
 
-func (l *deadlineLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
+func (l *deadlineLeases) Renew(ctx context.Context, id, addr string, life time.Duration) (Renewal, error) {
 	l.note(ctx)
 	return l.memLeases.Renew(ctx, id, addr, life)
 }
@@ -1612,6 +1614,55 @@ func TestMadeUpInstanceIDsDoNotKeepANewInstanceOutOfTheMembership(t *testing.T) 
 	d.Members().Refresh(bg)
 	if live, addr := d.Members().Status(ownerC.ID); live != Alive || addr != ownerC.Addr {
 		t.Fatalf("a new instance listed after %d made-up ids: %v %q; want Alive at its address", maxMembers, live, addr)
+	}
+}
+
+// Two instances started under one ID (one instance_name given to both)
+// renew one lease from two addresses: each renewal after its first finds
+// it renewed from the other's, and says so; neither a lone instance whose
+// address changed nor one that finds its previous run's lease standing is
+// told so.
+func TestTwoInstancesRenewingOneIDAreToldOfEachOther(t *testing.T) {
+	l := newMemLeases(&clock{})
+	member := func(id, addr string) *Membership {
+		m := NewMembership(id, func() Leases { return l }, l.c.now)
+		m.SetAddr(addr)
+		return m
+	}
+	renew := func(ms ...*Membership) {
+		for _, m := range ms {
+			l.c.add(100 * time.Millisecond)
+			m.Renew(context.Background())
+		}
+	}
+	var told []string
+	first, second := member("same", "10.0.0.1:80"), member("same", "10.0.0.2:80")
+	first.OnShared(func(addr string) { told = append(told, addr) })
+	renew(first, first)
+	if at, _ := first.Shared(); !at.IsZero() || len(told) != 0 {
+		t.Fatalf("a lone instance was told another renews its lease (%v)", told)
+	}
+	renew(second, first, second)
+	if at, addr := first.Shared(); at.IsZero() || addr != "10.0.0.2:80" || len(told) != 1 {
+		t.Fatalf("the first instance learned of the second at %v, %q (told %v); want it told of 10.0.0.2:80", at, addr, told)
+	}
+	if at, addr := second.Shared(); at.IsZero() || addr != "10.0.0.1:80" {
+		t.Fatalf("the second instance learned of the first at %v, %q; want it told of 10.0.0.1:80", at, addr)
+	}
+
+	moved := member("moved", "127.0.0.1:80")
+	renew(moved)
+	moved.SetAddr("10.0.0.3:80") // a loopback address gives way
+	renew(moved, moved)
+	if at, _ := moved.Shared(); !at.IsZero() {
+		t.Fatal("an instance whose own address changed was told another renews its lease")
+	}
+
+	l.leases["again"] = lease{"10.0.0.4:80", l.c.now().Add(15 * time.Second), 1, false} // its previous run kept it
+	again := member("again", "10.0.0.5:80")
+	renew(again, again)
+	if at, _ := again.Shared(); !at.IsZero() {
+		t.Fatal("an instance started again at a new address was told its previous run's lease is another instance's")
 	}
 }
 

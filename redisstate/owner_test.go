@@ -188,20 +188,27 @@ func TestRedisRunningMarkOutlastsATakeOverAndIsClearedByItsMaker(t *testing.T) {
 }
 
 // An instance's lease stands while it renews it, on Redis' clock, and is
-// listed with its address. Unrenewed, it lapses and is listed as lapsed,
-// and its next renewal answers a higher epoch; a dropped lease is listed
-// as dropped.
+// listed with its address; a renewal names the address it stood at (that
+// another instance renewed it shows there). Unrenewed, it lapses and is
+// listed as lapsed, and its next renewal answers a higher epoch and no
+// address; a dropped lease is listed as dropped.
 func TestRedisLeasesStandWhileRenewedAndLapseOtherwise(t *testing.T) {
 	addr := redistest.Start(t)
 	eng := enginetest.Load(t, nil, "redis", map[string]any{"address": []string{addr}}).(*Engine)
 	store := enginetest.NewAdapter(eng, time.Hour, zap.NewNop())
 	ctx := context.Background()
-	for i := range 2 {
-		if epoch, existed, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || epoch != 1 || existed != (i == 1) {
-			t.Fatalf("Renew %d = %v, %v, %v; want epoch 1, there before only the second time", i, epoch, existed, err)
+	for i, holder := range []string{"", "10.0.0.1:8080"} {
+		if r, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || r.Epoch != 1 || r.Existed != (i == 1) || r.Holder != holder {
+			t.Fatalf("Renew %d = %+v, %v; want epoch 1, there before (at %q) only the second time", i, r, err, holder)
 		}
 	}
-	if _, _, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", 50*time.Millisecond); err != nil {
+	if r, err := store.Renew(ctx, "aaaa", "10.0.0.9:8080", time.Hour); err != nil || r.Holder != "10.0.0.1:8080" {
+		t.Fatalf("Renew from another address = %+v, %v; want it to name 10.0.0.1:8080", r, err)
+	}
+	if _, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", 50*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	members, err := store.Members(ctx)
@@ -212,8 +219,8 @@ func TestRedisLeasesStandWhileRenewedAndLapseOtherwise(t *testing.T) {
 		m, err := store.Members(ctx)
 		return err == nil && m["bbbb"].Lapsed > 0 && m["aaaa"].Lapsed == 0
 	})
-	if epoch, _, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", time.Hour); err != nil || epoch != 2 {
-		t.Fatalf("Renew after the lapse = %v, %v; want epoch 2", epoch, err)
+	if r, err := store.Renew(ctx, "bbbb", "10.0.0.2:8080", time.Hour); err != nil || r.Epoch != 2 || r.Holder != "" {
+		t.Fatalf("Renew after the lapse = %+v, %v; want epoch 2, no address", r, err)
 	}
 	if err := store.Drop(ctx, "aaaa", time.Minute); err != nil {
 		t.Fatal(err)
@@ -222,8 +229,8 @@ func TestRedisLeasesStandWhileRenewedAndLapseOtherwise(t *testing.T) {
 	if err != nil || !m["aaaa"].Dropped || m["bbbb"].Lapsed != 0 {
 		t.Fatalf("Members after a drop = %v, %v; want aaaa dropped, bbbb standing", m, err)
 	}
-	if epoch, existed, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || !existed || epoch != 2 {
-		t.Fatalf("Renew after a drop = %v, %v, %v; want epoch 2", epoch, existed, err)
+	if r, err := store.Renew(ctx, "aaaa", "10.0.0.1:8080", time.Hour); err != nil || !r.Existed || r.Epoch != 2 || r.Holder != "" {
+		t.Fatalf("Renew after a drop = %+v, %v; want epoch 2, no address", r, err)
 	}
 }
 
@@ -264,7 +271,7 @@ func TestRedisTakeOverFromAnOwnerWhoseLeaseStandsIsRefused(t *testing.T) {
 	if _, err := eng.ClaimOwner(ctx, "s", a, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := eng.RenewLease(ctx, "aaaaaaaaaaaaaaaa", "10.0.0.1:8080", time.Hour); err != nil {
+	if _, err := eng.RenewLease(ctx, "aaaaaaaaaaaaaaaa", "10.0.0.1:8080", time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if owner, found, err := eng.TakeOver(ctx, "s", a, b); err != nil || !found || owner != a {

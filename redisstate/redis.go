@@ -448,24 +448,26 @@ const membersLife = 24 * time.Hour
 
 // renewLeaseScript keeps the lease ARGV[1] (address ARGV[2]) for ARGV[3]
 // ms more and answers its epoch (1 for a new lease, one more than before
-// if it had lapsed) and whether Redis had it at all.
+// if it had lapsed), whether Redis had it at all, and the address it
+// named if it still stood ("" if not).
 var renewLeaseScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 local epoch = 1
 local existed = 0
+local holder = ''
 if old then
   existed = 1
-  local exp, ep = string.match(old, '^(%d+) d?(%d+) ')
+  local exp, ep, addr = string.match(old, '^(%d+) d?(%d+) (.*)$')
   if ep then
     epoch = tonumber(ep)
-    if tonumber(exp) <= now then epoch = epoch + 1 end
+    if tonumber(exp) <= now then epoch = epoch + 1 else holder = addr end
   end
 end
 redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[3])) .. ' ' .. epoch .. ' ' .. ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return {epoch, existed}
+return {epoch, existed, holder}
 `)
 
 // dropLeaseScript ends the lease ARGV[1] as if it had lapsed ARGV[2] ms
@@ -507,13 +509,19 @@ return out
 `)
 
 // RenewLease keeps instance id's lease (stateengine.Abilities.RenewLease).
-func (r *Engine) RenewLease(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
+func (r *Engine) RenewLease(ctx context.Context, id, addr string, life time.Duration) (stateengine.Renewal, error) {
 	v, err := renewLeaseScript.Run(ctx, r.client, []string{r.KeyPrefix + membersKey}, id, addr,
-		life.Milliseconds(), membersLife.Milliseconds()).Int64Slice()
-	if err != nil || len(v) != 2 {
-		return 0, false, err
+		life.Milliseconds(), membersLife.Milliseconds()).Slice()
+	if err != nil {
+		return stateengine.Renewal{}, err
 	}
-	return uint64(v[0]), v[1] == 1, nil
+	if len(v) != 3 {
+		return stateengine.Renewal{}, fmt.Errorf("redis: a lease renewal answered %v", v)
+	}
+	epoch, _ := v[0].(int64)
+	existed, _ := v[1].(int64)
+	holder, _ := v[2].(string)
+	return stateengine.Renewal{Epoch: uint64(epoch), Existed: existed == 1, Holder: holder}, nil
 }
 
 // DropLease ends instance id's lease as lapsed long enough ago for its

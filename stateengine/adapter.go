@@ -220,19 +220,14 @@ func (s *Adapter) RunningFor(ctx context.Context, id string) (time.Duration, err
 }
 
 // Renew keeps instance id's lease (owner.Leases).
-func (s *Adapter) Renew(ctx context.Context, id, addr string, life time.Duration) (uint64, bool, error) {
+func (s *Adapter) Renew(ctx context.Context, id, addr string, life time.Duration) (owner.Renewal, error) {
 	if s.abilities.RenewLease == nil {
-		return 0, false, errNoOwners
+		return owner.Renewal{}, errNoOwners
 	}
-	type renewal struct {
-		epoch   uint64
-		existed bool
-	}
-	r, err := bounded(s, ctx, OpRenewLease, "", "", func(ctx context.Context, _ string) (renewal, error) {
-		epoch, existed, err := s.abilities.RenewLease(ctx, id, addr, life)
-		return renewal{epoch, existed}, err
+	r, err := bounded(s, ctx, OpRenewLease, "", "", func(ctx context.Context, _ string) (Renewal, error) {
+		return s.abilities.RenewLease(ctx, id, addr, life)
 	})
-	return r.epoch, r.existed, err
+	return owner.Renewal{Epoch: r.Epoch, Existed: r.Existed, Holder: r.Holder}, err
 }
 
 // Drop ends instance id's lease as lapsed that long ago (owner.Leases).

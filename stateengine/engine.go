@@ -93,13 +93,21 @@ type Abilities struct {
 	// RenewLease, DropLease and Members, when set, keep the instances'
 	// leases (package owner's Leases): RenewLease keeps instance id's
 	// lease, reached at addr, for life more on the engine's clock and
-	// answers its epoch (1 for a new lease, one more each time it had
-	// lapsed) and whether the engine had it at all; DropLease ends it as lapsed that long ago; Members lists
-	// the leases, those that lapsed within a day included. Order owner
-	// needs them.
-	RenewLease func(ctx context.Context, id, addr string, life time.Duration) (epoch uint64, existed bool, err error)
+	// answers what it found (Renewal); DropLease ends it as lapsed that
+	// long ago; Members lists the leases, those that lapsed within a day
+	// included. Order owner needs them.
+	RenewLease func(ctx context.Context, id, addr string, life time.Duration) (Renewal, error)
 	DropLease  func(ctx context.Context, id string, lapsed time.Duration) error
 	Members    func(ctx context.Context) (map[string]Lease, error)
+}
+
+// Renewal is what RenewLease found: the lease's epoch (1 for a new
+// lease, one more each time it had lapsed), whether the engine had it at
+// all, and the address it named before if it still stood.
+type Renewal struct {
+	Epoch   uint64
+	Existed bool
+	Holder  string
 }
 
 // Lease is an instance's lease as Members lists it.
