@@ -200,37 +200,72 @@ func (heldRequests) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 // meanwhile, has its body held at the upstream's first read until the
 // owner learns its lease lapsed: nothing of it reaches the upstream.
 func TestARequestHeldPastItsOwnersLapseDoesNotReachTheUpstream(t *testing.T) {
-	ctx := context.Background()
 	var minted atomic.Int64
 	up, addr := newUpstream(t, echoingAnswer(func() string { return fmt.Sprintf("held-%d", minted.Add(1)) }))
-	in := startOwnerInstances(t, addr)
+	p := startPausedOwner(t, addr)
+	before := len(up.requests())
+	answered := p.sendHeld(t, "5")
+	// Meanwhile a's lease lapses and b takes the session over.
+	p.lapseAndRenew(t)
+	holdRelease <- struct{}{}
+	a := <-answered
+	for _, r := range up.requests()[before:] {
+		if strings.Contains(string(r.Body), "tools/call") {
+			t.Fatalf("the held request reached the upstream from a, whose lease lapsed while b took the session over (answer %d %s)", a.status, a.body)
+		}
+	}
+	if a.status < 500 {
+		t.Fatalf("the held request was answered %d %s; want a failure", a.status, a.body)
+	}
+}
+
+// pausedOwner is two instances, a with mcp_test_hold before its upstream,
+// and a session of a's (cid, its record in Redis), b holding a lease too.
+type pausedOwner struct {
+	in              *ownerInstances
+	cid, record     string
+	aID, bID, bAddr string
+}
+
+// startPausedOwner starts the two instances on upstream addr with
+// settings, and opens the session at a.
+func startPausedOwner(t *testing.T, addr string, settings ...string) *pausedOwner {
+	t.Helper()
+	ctx := context.Background()
+	in := startOwnerInstances(t, addr, settings...)
 	full := in.caddyfile("")
 	start := strings.Index(full, in.a+" {")
 	site := strings.Replace(full[start:], "\treverse_proxy", "\tmcp_test_hold\n\treverse_proxy", 1)
 	global := strings.Replace(full[:start], "{\n", "{\n\torder mcp_test_hold after mcp_serializer\n", 1)
 	loadThroughAdmin(t, in.admin, global+site)
 
-	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
-	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
+	p := &pausedOwner{in: in}
+	p.cid = call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
+	call(ctx, http.DefaultClient, http.MethodPost, in.a, p.cid, initializedBody)
 	// b holds a lease, so that a session's record can name it.
 	call(ctx, http.DefaultClient, http.MethodPost, in.b, "", initializeBody)
-	_, upstreamID, _ := strings.Cut(strings.TrimPrefix(cid, "mcps1."), ".")
-	record := "mcp_serializer:" + serializer.StoreKey(upstreamID)
-	var aID, bID, bAddr string
+	_, upstreamID, _ := strings.Cut(strings.TrimPrefix(p.cid, "mcps1."), ".")
+	p.record = "mcp_serializer:" + serializer.StoreKey(upstreamID)
 	wait.Until(t, "both leases and a's record", func() bool {
-		aID, _, _, _ = in.leaseOf(t, in.a)
-		bID, _, _, bAddr = in.leaseOf(t, in.b)
-		o, _ := in.redis.HGet(ctx, record, "owner").Result()
-		return aID != "" && bID != "" && strings.HasPrefix(o, aID+" ")
+		p.aID, _, _, _ = in.leaseOf(t, in.a)
+		p.bID, _, _, p.bAddr = in.leaseOf(t, in.b)
+		o, _ := in.redis.HGet(ctx, p.record, "owner").Result()
+		return p.aID != "" && p.bID != "" && strings.HasPrefix(o, p.aID+" ")
 	})
+	return p
+}
 
-	before := len(up.requests())
+// sendHeld sends a tools/call of the session with JSON-RPC id to a, held
+// by mcp_test_hold once past a's checks (as a paused instance holds it),
+// and returns once it is held; its answer comes on the channel.
+func (p *pausedOwner) sendHeld(t *testing.T, id string) <-chan answer {
+	t.Helper()
 	answered := make(chan answer, 1)
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, in.a, strings.NewReader(rpcRequest("5", "tools/call")))
+		req, _ := http.NewRequest(http.MethodPost, p.in.a, strings.NewReader(rpcRequest(id, "tools/call")))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "application/json, text/event-stream")
-		req.Header.Set("Mcp-Session-Id", cid)
+		req.Header.Set("Mcp-Session-Id", p.cid)
 		req.Header.Set("X-Hold", "1")
 		resp, err := do(http.DefaultClient, req)
 		if err != nil {
@@ -242,31 +277,26 @@ func TestARequestHeldPastItsOwnersLapseDoesNotReachTheUpstream(t *testing.T) {
 		answered <- answer{status: resp.StatusCode, body: body}
 	}()
 	<-holdArrived
-	// Meanwhile a's lease lapses and b takes the session over; a's next
-	// renewal finds the lapse (a new epoch).
-	epoch, _ := in.lapseTo(t, aID, record, bID+" "+bAddr)
+	return answered
+}
+
+// lapseAndRenew lapses a's lease and gives the session to b, as if a had
+// been frozen past its lease, and returns once a has taken in the
+// renewal that found the lapse (it has renewed again since: renewals run
+// one at a time).
+func (p *pausedOwner) lapseAndRenew(t *testing.T) {
+	t.Helper()
+	epoch, _ := p.in.lapseTo(t, p.aID, p.record, p.bID+" "+p.bAddr)
 	var renewed int64
 	wait.Until(t, "a's renewal finds its lease lapsed", func() bool {
-		_, exp, e, _ := in.leaseOf(t, in.a)
+		_, exp, e, _ := p.in.leaseOf(t, p.in.a)
 		renewed = exp
 		return e != epoch
 	})
-	// a has taken that renewal's answer in once it has renewed again
-	// (renewals run one at a time).
 	wait.Until(t, "a's next renewal", func() bool {
-		_, exp, _, _ := in.leaseOf(t, in.a)
+		_, exp, _, _ := p.in.leaseOf(t, p.in.a)
 		return exp > renewed
 	})
-	holdRelease <- struct{}{}
-	a := <-answered
-	for _, r := range up.requests()[before:] {
-		if strings.Contains(string(r.Body), "tools/call") {
-			t.Fatalf("the held request reached the upstream from a, whose lease lapsed while b took the session over (answer %d %s)", a.status, a.body)
-		}
-	}
-	if a.status < 500 {
-		t.Fatalf("the held request was answered %d %s; want a failure", a.status, a.body)
-	}
 }
 
 // lapseTo makes a's lease (instance aID) lapsed in Redis, as if a had been
@@ -295,61 +325,16 @@ func TestAResumedOwnerSendsItsQueuedRequestsOnInArrivalOrder(t *testing.T) {
 	ctx := context.Background()
 	var minted atomic.Int64
 	up, addr := newUpstream(t, echoingAnswer(func() string { return fmt.Sprintf("order-%d", minted.Add(1)) }))
-	in := startOwnerInstances(t, addr, "queue_timeout 30s")
-	full := in.caddyfile("")
-	start := strings.Index(full, in.a+" {")
-	site := strings.Replace(full[start:], "\treverse_proxy", "\tmcp_test_hold\n\treverse_proxy", 1)
-	global := strings.Replace(full[:start], "{\n", "{\n\torder mcp_test_hold after mcp_serializer\n", 1)
-	loadThroughAdmin(t, in.admin, global+site)
-
-	cid := call(ctx, http.DefaultClient, http.MethodPost, in.a, "", initializeBody).header.Get("Mcp-Session-Id")
-	call(ctx, http.DefaultClient, http.MethodPost, in.a, cid, initializedBody)
-	call(ctx, http.DefaultClient, http.MethodPost, in.b, "", initializeBody)
-	_, upstreamID, _ := strings.Cut(strings.TrimPrefix(cid, "mcps1."), ".")
-	record := "mcp_serializer:" + serializer.StoreKey(upstreamID)
-	var aID, bID, bAddr string
-	wait.Until(t, "both leases and a's record", func() bool {
-		aID, _, _, _ = in.leaseOf(t, in.a)
-		bID, _, _, bAddr = in.leaseOf(t, in.b)
-		o, _ := in.redis.HGet(ctx, record, "owner").Result()
-		return aID != "" && bID != "" && strings.HasPrefix(o, aID+" ")
-	})
-
-	held := make(chan answer, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodPost, in.a, strings.NewReader(rpcRequest(`"held"`, "tools/call")))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		req.Header.Set("Mcp-Session-Id", cid)
-		req.Header.Set("X-Hold", "1")
-		resp, err := do(http.DefaultClient, req)
-		if err != nil {
-			held <- answer{err: err}
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		held <- answer{status: resp.StatusCode, body: b}
-	}()
-	<-holdArrived
+	p := startPausedOwner(t, addr, "queue_timeout 30s")
+	held := p.sendHeld(t, `"held"`)
 	const n = 30
 	var queued []<-chan answer
-	admin := &testCaddy{admin: in.admin}
+	admin := &testCaddy{admin: p.in.admin}
 	for i := range n {
-		queued = append(queued, callAsync(ctx, http.MethodPost, in.a, cid, rpcRequest(fmt.Sprintf(`"q%02d"`, i), "tools/list")))
+		queued = append(queued, callAsync(ctx, http.MethodPost, p.in.a, p.cid, rpcRequest(fmt.Sprintf(`"q%02d"`, i), "tools/list")))
 		admin.awaitWaiting(t, i+1) // in the session's queue at a before the next
 	}
-	epoch, _ := in.lapseTo(t, aID, record, bID+" "+bAddr)
-	var renewed int64
-	wait.Until(t, "a's renewal finds its lease lapsed", func() bool {
-		_, exp, e, _ := in.leaseOf(t, in.a)
-		renewed = exp
-		return e != epoch
-	})
-	wait.Until(t, "a's next renewal", func() bool {
-		_, exp, _, _ := in.leaseOf(t, in.a)
-		return exp > renewed
-	})
+	p.lapseAndRenew(t)
 	before := len(up.requests())
 	holdRelease <- struct{}{}
 	<-held
