@@ -360,3 +360,58 @@ func TestAResumedOwnerSendsItsQueuedRequestsOnInArrivalOrder(t *testing.T) {
 		t.Fatalf("the upstream ran %d of the %d queued requests: %v", len(order), n, order)
 	}
 }
+
+// A resumed owner (a) holds its session's turn while it sends the first
+// of its queued requests (q00) on to the new owner (b). A request (zz)
+// its client sends after q01..q04 reaches a, which now knows the session
+// as b's: it queues at a behind them rather than going to b at once, so
+// that b runs it last.
+func TestALaterRequestDoesNotOvertakeTheRequestsAResumedOwnerSendsOn(t *testing.T) {
+	ctx := context.Background()
+	var minted atomic.Int64
+	q00Arrived, q00Release := make(chan struct{}, 1), make(chan struct{})
+	echo := echoingAnswer(func() string { return fmt.Sprintf("ovt-%d", minted.Add(1)) })
+	up, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if strings.Contains(string(body), `"q00"`) {
+			q00Arrived <- struct{}{}
+			<-q00Release
+		}
+		echo(w, r, body)
+	})
+	p := startPausedOwner(t, addr, "queue_timeout 30s")
+	held := p.sendHeld(t, `"held"`)
+	const n = 5
+	var queued []<-chan answer
+	admin := &testCaddy{admin: p.in.admin}
+	for i := range n {
+		queued = append(queued, callAsync(ctx, http.MethodPost, p.in.a, p.cid, rpcRequest(fmt.Sprintf(`"q%02d"`, i), "tools/list")))
+		admin.awaitWaiting(t, i+1)
+	}
+	p.lapseAndRenew(t)
+	before := len(up.requests())
+	holdRelease <- struct{}{}
+	<-held
+	<-q00Arrived // sent on to b, a's turn held
+	zz := callAsync(ctx, http.MethodPost, p.in.a, p.cid, rpcRequest(`"zz"`, "tools/list"))
+	admin.awaitWaiting(t, n) // q01..q04 at a, and zz
+	close(q00Release)
+	for i, ch := range queued {
+		if a := await(t, ch, time.Minute, "a queued request"); a.status != http.StatusOK {
+			t.Fatalf("queued request q%02d: %d %s", i, a.status, a.body)
+		}
+	}
+	if a := await(t, zz, time.Minute, "zz"); a.status != http.StatusOK {
+		t.Fatalf("zz: %d %s", a.status, a.body)
+	}
+	var order []string
+	for _, r := range up.requests()[before:] {
+		for _, label := range []string{"q00", "q01", "q02", "q03", "q04", "zz"} {
+			if strings.Contains(string(r.Body), `"`+label+`"`) {
+				order = append(order, label)
+			}
+		}
+	}
+	if len(order) != n+1 || order[n] != "zz" {
+		t.Fatalf("upstream order %v; want q00..q04 then zz (zz was sent after them)", order)
+	}
+}

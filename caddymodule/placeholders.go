@@ -50,6 +50,7 @@ type requestInfo struct {
 	held            bool
 	unread          bool // a POST whose body is not read whole: its client's leaving goes unseen
 	bySession       bool // a session's request routed by its session, its key's line notwithstanding
+	moved           bool // sent on from its turn here, its session moved meanwhile (serveMoved)
 }
 
 // newRequestInfo starts the info of a request in session (or key) id.

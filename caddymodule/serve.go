@@ -297,13 +297,14 @@ func (h *Handler) stillOwner(r *http.Request, info *requestInfo) bool {
 		return true
 	}
 	owned, _ := info.owned()
-	return h.owners.Confirm(r.Context(), h.ownerStore, owned)
+	return h.owners.Confirm(r.Context(), h.ownerStore, owned, h.hereAddr(r))
 }
 
 // serveMoved sends a request whose session moved to another instance
 // while it waited here on to that instance, or answers 503 if it cannot
 // (its body went unread, or the owner cannot be learned).
 func (h *Handler) serveMoved(w http.ResponseWriter, r *http.Request, info *requestInfo, reqID, raw []byte) error {
+	info.moved = true
 	if raw != nil || r.Body == nil || r.Body == http.NoBody {
 		if forwarded, err := h.serveAtOwner(w, r, info, raw, reqID); forwarded {
 			return err

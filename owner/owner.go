@@ -643,18 +643,29 @@ const releaseWorkers = 16
 // since it last knew that (it was frozen, or cut off from the engine
 // while the others were not), it reads who owns the session now and
 // answers false if another instance does (the session is known as
-// theirs from then on) or if that cannot be read. It answers false too
-// for a session known as another's whose lease has not been seen lapsed:
-// the request was routed here before this instance learned that (a
-// request queued before it found the session taken over). Otherwise
-// true, at the cost of no engine call.
-func (d *Directory) Confirm(ctx context.Context, s Store, id string) bool {
+// theirs from then on) or if that cannot be read. A session known as
+// another's was routed here before this instance learned that (a request
+// queued before it found the session taken over): it is routed again as
+// Route would, from here, the address the request reached this instance
+// at, and false unless it is to be served here: taken over from a lapsed
+// owner (then checked as this instance's own), or served without a
+// takeover where here is "". Otherwise true, at the cost of no engine
+// call.
+func (d *Directory) Confirm(ctx context.Context, s Store, id, here string) bool {
 	k, ok := d.entry(id)
 	if ok && k.owner.ID != d.self {
-		// A lapsed owner's session is served here without a takeover
-		// where this instance has no address to record (Route).
-		live, _ := d.members.Status(k.owner.ID)
-		return live == Lapsed
+		var forward, wait bool
+		if k.key {
+			_, forward, wait = d.routeKeyTo(ctx, s, id, k.owner, here)
+		} else {
+			_, forward, wait = d.routeTo(ctx, s, id, k.owner, here, false)
+		}
+		if forward || wait {
+			return false
+		}
+		if k, ok = d.entry(id); ok && k.owner.ID != d.self {
+			return true // served without a takeover, as Route serves it
+		}
 	}
 	epoch, lapsedAt, sure := d.members.Current(ctx)
 	if !sure {

@@ -443,11 +443,11 @@ func TestAnOwnerWhoseLeaseLapsedServesASessionAgainOnlyIfNobodyTookItOver(t *tes
 		s.owners[id] = ownerA.String()
 	}
 	a.Members().Renew(context.Background())
-	if !a.Confirm(context.Background(), s, "kept") {
+	if !a.Confirm(context.Background(), s, "kept", ownerA.Addr) {
 		t.Fatal("an owner whose lease stands was refused its own session")
 	}
 	calls := s.calls.Load()
-	a.Confirm(context.Background(), s, "kept")
+	a.Confirm(context.Background(), s, "kept", ownerA.Addr)
 	if s.calls.Load() != calls {
 		t.Fatal("Confirm asked the store while the lease stood")
 	}
@@ -455,10 +455,10 @@ func TestAnOwnerWhoseLeaseLapsedServesASessionAgainOnlyIfNobodyTookItOver(t *tes
 	lapse(l, ownerA, b)
 	b.Route(context.Background(), s, "lost", "", ownerB.Addr)
 	l.c.add(verifyDelay)
-	if a.Confirm(context.Background(), s, "lost") {
+	if a.Confirm(context.Background(), s, "lost", ownerA.Addr) {
 		t.Fatal("the resumed owner would send a session upstream that another instance took over")
 	}
-	if !a.Confirm(context.Background(), s, "kept") {
+	if !a.Confirm(context.Background(), s, "kept", ownerA.Addr) {
 		t.Fatal("the resumed owner was refused a session nobody took over")
 	}
 	if o, forward, _ := a.Route(context.Background(), s, "lost", "", ownerA.Addr); !forward || o.ID != ownerB.ID {
@@ -485,10 +485,10 @@ func TestAResumedOwnerSendsNoQueuedRequestOfASessionItLearnedWasTakenOver(t *tes
 	lapse(l, ownerA, b)
 	b.Route(context.Background(), s, "s1", ownerA.ID, ownerB.Addr)
 	l.c.add(verifyDelay)
-	if a.Confirm(context.Background(), s, "s1") {
+	if a.Confirm(context.Background(), s, "s1", ownerA.Addr) {
 		t.Fatal("the first queued request would go upstream beside the instance that took its session over")
 	}
-	if a.Confirm(context.Background(), s, "s1") {
+	if a.Confirm(context.Background(), s, "s1", ownerA.Addr) {
 		t.Fatal("the second queued request would go upstream beside the instance that took its session over")
 	}
 }
@@ -862,7 +862,7 @@ func TestAnIDNamingAnInstanceThatWasTakenOverReachesTheNewOwner(t *testing.T) {
 		}
 		// A answers 421: it learned B took the session over.
 		if a.Serves(context.Background(), s, "s1", o.ID) {
-			a.Confirm(ctx, s, "s1") // 503 owner_moved; A learns B's
+			a.Confirm(ctx, s, "s1", ownerA.Addr) // 503 owner_moved; A learns B's
 		}
 		c.NotOwner("s1", o)
 	}
@@ -900,7 +900,7 @@ func TestAResumedOwnerWhoseRenewalAnswerWasLostStillConfirmsBeforeServing(t *tes
 	}
 	// A wakes: its first renewal is applied, the answer lost.
 	ll.lose = true
-	if a.Confirm(ctx, s, "s1") {
+	if a.Confirm(ctx, s, "s1", ownerA.Addr) {
 		t.Fatal("A, woken with its renewal unanswered, would send s1 upstream while B, which took it over, serves it")
 	}
 	if o, forward, _ := a.Route(ctx, s, "s1", "", ownerA.Addr); !forward || o.ID != ownerB.ID {
@@ -928,7 +928,7 @@ func TestAResumedOwnerWhoseRenewalsFailSendsNothingUpstreamUntilOneSucceeds(t *t
 	l.mu.Unlock()
 	gone, leave := context.WithCancel(ctx)
 	leave() // the client left: Current gives up at once
-	if a.Confirm(gone, s, "s1") {
+	if a.Confirm(gone, s, "s1", ownerA.Addr) {
 		t.Fatal("A, woken past its lease with its renewal failed, would send s1 upstream while B serves it")
 	}
 	if _, _, sure := a.Members().Current(gone); sure {
@@ -950,7 +950,7 @@ func TestAResumedOwnerWhoseRenewalsFailSendsNothingUpstreamUntilOneSucceeds(t *t
 		t.Fatal("A is still unsure after a renewal succeeded")
 	}
 	l.c.add(verifyDelay)
-	if a.Confirm(ctx, s, "s1") {
+	if a.Confirm(ctx, s, "s1", ownerA.Addr) {
 		t.Fatal("A would send s1 upstream while B, which took it over, serves it")
 	}
 }
@@ -986,7 +986,7 @@ func TestARenewalAnsweredALeasesLifeLateDoesNotMakeTheOwnerSure(t *testing.T) {
 		b.Route(ctx, s, "s1", "", ownerB.Addr)
 	}
 	a.Members().Renew(ctx)
-	if a.Confirm(ctx, s, "s1") {
+	if a.Confirm(ctx, s, "s1", ownerA.Addr) {
 		t.Fatal("A, whose renewal was answered a lease's life late, would send s1 upstream while B, which took it over, serves it")
 	}
 }
@@ -1007,7 +1007,7 @@ func TestAnOwnerKeepsServingWhileTheEngineAnswersNobody(t *testing.T) {
 	for range 10 {
 		l.c.add(renewEvery)
 		a.Members().Renew(ctx)
-		if !a.Confirm(ctx, s, "s1") {
+		if !a.Confirm(ctx, s, "s1", ownerA.Addr) {
 			t.Fatalf("the owner stopped serving its session %v into an outage of the engine", l.c.now().Sub(time.Time{}))
 		}
 	}
@@ -1037,7 +1037,7 @@ func TestAnOwnerWhoseLeaseLapsedConfirmsALongLivedSession(t *testing.T) {
 	}
 	a.Members().Renew(ctx) // A resumes and learns its lease lapsed
 	l.c.add(verifyDelay)
-	if _, forward, _ := a.Route(ctx, s, "s1", ownerA.ID, ownerA.Addr); !forward && a.Confirm(ctx, s, "s1") {
+	if _, forward, _ := a.Route(ctx, s, "s1", ownerA.ID, ownerA.Addr); !forward && a.Confirm(ctx, s, "s1", ownerA.Addr) {
 		t.Fatal("A serves s1 upstream beside B, which took it over")
 	}
 }
@@ -1300,7 +1300,7 @@ func TestAnOwnerKeepsServingThroughAnOutageWhoseCallsTimeOut(t *testing.T) {
 		t.Fatalf("an outage for all whose calls time out after %v made the owner unsure of its lease: "+
 			"each of its sessions' requests waits 3 s, then 503 owner_moved, on every instance", sl.timeout)
 	}
-	if !a.Confirm(gone, s, "s1") {
+	if !a.Confirm(gone, s, "s1", ownerA.Addr) {
 		t.Fatal("the owner stopped serving its session during an outage for all")
 	}
 }
@@ -1479,7 +1479,7 @@ func TestAnOwnerFrozenAcrossAnEngineRestartConfirmsBeforeServing(t *testing.T) {
 	a.Members().Renew(bg)
 	a.remember("s", ownerA)
 	s.owners["s"] = ownerA.String()
-	if !a.Confirm(bg, s, "s") {
+	if !a.Confirm(bg, s, "s", ownerA.Addr) {
 		t.Fatal("a live owner did not confirm its session")
 	}
 	// Frozen past the lease and the lock delay; meanwhile Redis restarts
@@ -1489,7 +1489,7 @@ func TestAnOwnerFrozenAcrossAnEngineRestartConfirmsBeforeServing(t *testing.T) {
 	s.mu.Lock()
 	s.owners["s"] = ownerB.String()
 	s.mu.Unlock()
-	if a.Confirm(bg, s, "s") {
+	if a.Confirm(bg, s, "s", ownerA.Addr) {
 		t.Fatal("a, frozen past its lease across an engine restart, confirmed s, whose record names b: both serve it")
 	}
 }
@@ -1690,7 +1690,42 @@ func TestARequestServedHereWithoutAnAddressForALapsedOwnersSessionGoesUpstream(t
 	if forward || wait {
 		t.Fatalf("Route: %v forward %v wait %v; want served here (no address to take it over with)", o, forward, wait)
 	}
-	if !b.Confirm(context.Background(), s, "s1") {
+	if !b.Confirm(context.Background(), s, "s1", "") {
 		t.Fatal("Confirm refuses the request Route just served here: serveMoved routes it here again and answers 503 owner_moved, every time")
+	}
+}
+
+// A resumed owner (a) learns that b took its session over and sends its
+// first queued request on to b; b is then killed and c takes the session
+// over from it. a's next queued request must not go upstream at a: the
+// session is c's, and a serving it without a takeover would run beside
+// c's requests, unmarked.
+func TestAQueuedRequestOfASessionKnownAsALapsedOwnersIsRoutedAgainNotServedHere(t *testing.T) {
+	s, l := newMemStore(), newMemLeases(&clock{})
+	a, b, c := leasedDir(ownerA, l), leasedDir(ownerB, l), leasedDir(ownerC, l)
+	a.Created("s1", ownerA.Addr)
+	s.owners["s1"] = ownerA.String()
+	a.Members().Renew(bg)
+	for range 2 { // two requests queued at a before its freeze
+		if _, forward, wait := a.Route(bg, s, "s1", ownerA.ID, ownerA.Addr); forward || wait {
+			t.Fatal("the owner did not serve its own session")
+		}
+	}
+	lapse(l, ownerA, b, c)
+	b.Route(bg, s, "s1", ownerA.ID, ownerB.Addr)
+	l.c.add(verifyDelay)
+	if a.Confirm(bg, s, "s1", ownerA.Addr) {
+		t.Fatal("the first queued request would go upstream beside b")
+	}
+	// The first is sent on to b (a's turn held); b is killed meanwhile.
+	lapse(l, ownerB, a, c)
+	if o, forward, _ := c.Route(bg, s, "s1", "", ownerC.Addr); forward || o != ownerC {
+		t.Fatalf("c routes the session to %v, forward %v; want taken over by c", o, forward)
+	}
+	if a.Confirm(bg, s, "s1", ownerA.Addr) {
+		t.Fatal("a's second queued request goes upstream at a while c owns the session (record " + s.owners["s1"] + ")")
+	}
+	if o, forward, _ := a.Route(bg, s, "s1", ownerA.ID, ownerA.Addr); !forward || o.ID != ownerC.ID {
+		t.Fatalf("a routes the session to %v, forward %v; want c", o, forward)
 	}
 }

@@ -110,6 +110,15 @@ func (s *Session) status(now time.Time, lastUsed int64) SessionStatus {
 	return st
 }
 
+// Busy reports whether requests of session (or key) id are held here:
+// waiting for their turn, upstream, or at its gate.
+func (t *Table) Busy(id string) bool {
+	t.mu.Lock()
+	s, ok := t.sessions[id]
+	t.mu.Unlock()
+	return ok && s.refs.Load() > 0
+}
+
 // Gated reports whether session id is known here and waiting for its
 // notifications/initialized.
 func (t *Table) Gated(id string) bool {
