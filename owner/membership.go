@@ -64,6 +64,10 @@ const (
 	// renewRetryEvery spaces the renewals tried while this instance does
 	// not know whether its lease stands (see Membership.unsure).
 	renewRetryEvery = 100 * time.Millisecond
+	// sharedSightings: a renewal that finds the lease renewed from
+	// another address tells OnShared if the last that did was at most
+	// this many renewals before.
+	sharedSightings = 4
 )
 
 // Liveness is what an instance knows of another's lease.
@@ -96,8 +100,12 @@ type Membership struct {
 	leaseEpoch  uint64
 	onForgotten func()    // see OnForgotten
 	attempt     time.Time // when the last renewal attempt ended, whatever its answer
-	// renewedAddr is the address of the last renewal that succeeded.
+	// renewedAddr is the address of the last renewal that succeeded;
+	// renewals counts them, and sighted is the count at the last that
+	// found the lease renewed from another address since.
 	renewedAddr string
+	renewals    uint64
+	sighted     uint64
 	// sharedAt and sharedWith: when a renewal last found this lease
 	// renewed from another address since (see OnShared), and that address.
 	sharedAt   time.Time
@@ -266,10 +274,17 @@ func (m *Membership) Renew(ctx context.Context) {
 	late := err != nil && paused || slow
 	m.attempt = now
 	if err == nil && l != nil && addr != "" {
+		m.renewals++
 		if m.held && r.Holder != "" && r.Holder != addr && r.Holder != m.renewedAddr {
-			// Renewed since from another address: this instance's own
-			// last renewal named renewedAddr.
-			shared, m.sharedAt, m.sharedWith = r.Holder, now, r.Holder
+			// Renewed since from another address (this instance's own
+			// last renewal named renewedAddr), and not for the first
+			// time lately: two instances under one ID see each other at
+			// nearly every renewal, where an engine that went back in
+			// time (a failover, a restore) shows an old address once.
+			if m.sighted != 0 && m.renewals-m.sighted <= sharedSightings {
+				shared, m.sharedAt, m.sharedWith = r.Holder, now, r.Holder
+			}
+			m.sighted = m.renewals
 		}
 		m.renewedAddr = addr
 	}

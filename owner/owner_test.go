@@ -1619,9 +1619,9 @@ func TestMadeUpInstanceIDsDoNotKeepANewInstanceOutOfTheMembership(t *testing.T) 
 
 // Two instances started under one ID (one instance_name given to both)
 // renew one lease from two addresses: each renewal after its first finds
-// it renewed from the other's, and says so; neither a lone instance whose
-// address changed nor one that finds its previous run's lease standing is
-// told so.
+// it renewed from the other's, and the second such says so; neither a
+// lone instance whose address changed nor one that finds its previous
+// run's lease standing is told so.
 func TestTwoInstancesRenewingOneIDAreToldOfEachOther(t *testing.T) {
 	l := newMemLeases(&clock{})
 	member := func(id, addr string) *Membership {
@@ -1643,6 +1643,10 @@ func TestTwoInstancesRenewingOneIDAreToldOfEachOther(t *testing.T) {
 		t.Fatalf("a lone instance was told another renews its lease (%v)", told)
 	}
 	renew(second, first, second)
+	if at, _ := first.Shared(); !at.IsZero() {
+		t.Fatal("one sighting of another address made the first instance tell; an engine gone back in time shows one too")
+	}
+	renew(first, second)
 	if at, addr := first.Shared(); at.IsZero() || addr != "10.0.0.2:80" || len(told) != 1 {
 		t.Fatalf("the first instance learned of the second at %v, %q (told %v); want it told of 10.0.0.2:80", at, addr, told)
 	}
@@ -1727,5 +1731,36 @@ func TestAQueuedRequestOfASessionKnownAsALapsedOwnersIsRoutedAgainNotServedHere(
 	}
 	if o, forward, _ := a.Route(bg, s, "s1", ownerA.ID, ownerA.Addr); !forward || o.ID != ownerC.ID {
 		t.Fatalf("a routes the session to %v, forward %v; want c", o, forward)
+	}
+}
+
+// A pinned instance started again at a new address (a pod rescheduled:
+// the same instance_name, a new IP) while its previous run's lease, kept
+// 15 s, still stands at the old one; then the engine fails over to a
+// replica that had not received its renewals yet (or is restored from a
+// snapshot taken in those seconds), so that one renewal finds the lease
+// at the old address. One sighting after the engine went back in time is
+// not two instances sharing an ID, which see each other at every renewal.
+func TestAFailoverThatForgetsARestartedInstancesRenewalsIsNotASharedID(t *testing.T) {
+	l := newMemLeases(&clock{})
+	l.leases["p"] = lease{"10.0.0.4:80", l.c.now().Add(15 * time.Second), 1, false}
+	kept := l.leases["p"]
+	m := NewMembership("p", func() Leases { return l }, l.c.now)
+	m.SetAddr("10.0.0.5:80")
+	var told []string
+	m.OnShared(func(addr string) { told = append(told, addr) })
+	for range 2 {
+		l.c.add(time.Second)
+		m.Renew(bg)
+	}
+	l.mu.Lock()
+	l.leases["p"] = kept // the engine failed over to a replica that lost those renewals
+	l.mu.Unlock()
+	for range 4 {
+		l.c.add(time.Second)
+		m.Renew(bg)
+	}
+	if at, addr := m.Shared(); !at.IsZero() || len(told) != 0 {
+		t.Fatalf("one instance, its engine failed over, was told another renews its lease from %q (told %v)", addr, told)
 	}
 }
