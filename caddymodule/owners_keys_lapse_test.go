@@ -415,3 +415,38 @@ func TestALaterRequestDoesNotOvertakeTheRequestsAResumedOwnerSendsOn(t *testing.
 		t.Fatalf("upstream order %v; want q00..q04 then zz (zz was sent after them)", order)
 	}
 }
+
+// A resumed owner (a) that learned its session is b's now sends its
+// queued requests on to b one at a time. A GET stream of the session
+// reaching a meanwhile goes to b at once: a GET takes no turn, so it does
+// not queue behind them, and served here it would come from a's upstream.
+func TestAGetStreamReachingAnInstanceThatLostItsSessionGoesToTheOwner(t *testing.T) {
+	ctx := context.Background()
+	var minted atomic.Int64
+	q00Arrived, q00Release := make(chan struct{}, 1), make(chan struct{})
+	echo := echoingAnswer(func() string { return fmt.Sprintf("get-%d", minted.Add(1)) })
+	_, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if strings.Contains(string(body), `"q00"`) {
+			q00Arrived <- struct{}{}
+			<-q00Release
+		}
+		echo(w, r, body)
+	})
+	p := startPausedOwner(t, addr, "queue_timeout 30s", "get_stream forward")
+	held := p.sendHeld(t, `"held"`)
+	admin := &testCaddy{admin: p.in.admin}
+	_ = callAsync(ctx, http.MethodPost, p.in.a, p.cid, rpcRequest(`"q00"`, "tools/list"))
+	admin.awaitWaiting(t, 1)
+	p.lapseAndRenew(t)
+	holdRelease <- struct{}{}
+	<-held
+	<-q00Arrived // sent on to b from a's turn: the session is busy at a
+	defer close(q00Release)
+	get := await(t, callAsync(ctx, http.MethodGet, p.in.a, p.cid, ""), 20*time.Second, "the GET stream")
+	if get.status != http.StatusOK {
+		t.Fatalf("GET: %d %s", get.status, get.body)
+	}
+	if sid := get.header.Get("Mcp-Session-Id"); !strings.Contains(sid, p.bID) {
+		t.Fatalf("the GET stream was served by a (its id %q does not name b %s): the session's owner is b", sid, p.bID)
+	}
+}
