@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -208,7 +209,7 @@ func TestARequestHeldPastItsOwnersLapseDoesNotReachTheUpstream(t *testing.T) {
 	// Meanwhile a's lease lapses and b takes the session over.
 	p.lapseAndRenew(t)
 	holdRelease <- struct{}{}
-	a := <-answered
+	a := await(t, answered, time.Minute, "the held request")
 	for _, r := range up.requests()[before:] {
 		if strings.Contains(string(r.Body), "tools/call") {
 			t.Fatalf("the held request reached the upstream from a, whose lease lapsed while b took the session over (answer %d %s)", a.status, a.body)
@@ -276,7 +277,11 @@ func (p *pausedOwner) sendHeld(t *testing.T, id string) <-chan answer {
 		resp.Body.Close()
 		answered <- answer{status: resp.StatusCode, body: body}
 	}()
-	<-holdArrived
+	select {
+	case <-holdArrived:
+	case <-time.After(time.Minute):
+		t.Fatal("the request was not held within a minute")
+	}
 	return answered
 }
 
@@ -337,7 +342,7 @@ func TestAResumedOwnerSendsItsQueuedRequestsOnInArrivalOrder(t *testing.T) {
 	p.lapseAndRenew(t)
 	before := len(up.requests())
 	holdRelease <- struct{}{}
-	<-held
+	await(t, held, time.Minute, "the held request")
 	for i, ch := range queued {
 		if a := await(t, ch, time.Minute, "a queued request"); a.status != http.StatusOK {
 			t.Fatalf("queued request q%02d: %d %s; want served by b", i, a.status, a.body)
@@ -378,6 +383,8 @@ func TestALaterRequestDoesNotOvertakeTheRequestsAResumedOwnerSendsOn(t *testing.
 		}
 		echo(w, r, body)
 	})
+	release := sync.OnceFunc(func() { close(q00Release) })
+	t.Cleanup(release) // before the upstream's own cleanup, which waits for its handlers
 	p := startPausedOwner(t, addr, "queue_timeout 30s")
 	held := p.sendHeld(t, `"held"`)
 	const n = 5
@@ -390,11 +397,11 @@ func TestALaterRequestDoesNotOvertakeTheRequestsAResumedOwnerSendsOn(t *testing.
 	p.lapseAndRenew(t)
 	before := len(up.requests())
 	holdRelease <- struct{}{}
-	<-held
-	<-q00Arrived // sent on to b, a's turn held
+	await(t, held, time.Minute, "the held request")
+	arrived(t, q00Arrived, "q00 at the upstream through b") // a's turn held
 	zz := callAsync(ctx, http.MethodPost, p.in.a, p.cid, rpcRequest(`"zz"`, "tools/list"))
 	admin.awaitWaiting(t, n) // q01..q04 at a, and zz
-	close(q00Release)
+	release()
 	for i, ch := range queued {
 		if a := await(t, ch, time.Minute, "a queued request"); a.status != http.StatusOK {
 			t.Fatalf("queued request q%02d: %d %s", i, a.status, a.body)
@@ -432,6 +439,7 @@ func TestAGetStreamReachingAnInstanceThatLostItsSessionGoesToTheOwner(t *testing
 		}
 		echo(w, r, body)
 	})
+	t.Cleanup(func() { close(q00Release) }) // before the upstream's own cleanup, which waits for its handlers
 	p := startPausedOwner(t, addr, "queue_timeout 30s", "get_stream forward")
 	held := p.sendHeld(t, `"held"`)
 	admin := &testCaddy{admin: p.in.admin}
@@ -439,14 +447,23 @@ func TestAGetStreamReachingAnInstanceThatLostItsSessionGoesToTheOwner(t *testing
 	admin.awaitWaiting(t, 1)
 	p.lapseAndRenew(t)
 	holdRelease <- struct{}{}
-	<-held
-	<-q00Arrived // sent on to b from a's turn: the session is busy at a
-	defer close(q00Release)
+	await(t, held, time.Minute, "the held request")
+	arrived(t, q00Arrived, "q00 at the upstream through b") // from a's turn: the session is busy at a
 	get := await(t, callAsync(ctx, http.MethodGet, p.in.a, p.cid, ""), 20*time.Second, "the GET stream")
 	if get.status != http.StatusOK {
 		t.Fatalf("GET: %d %s", get.status, get.body)
 	}
 	if sid := get.header.Get("Mcp-Session-Id"); !strings.Contains(sid, p.bID) {
 		t.Fatalf("the GET stream was served by a (its id %q does not name b %s): the session's owner is b", sid, p.bID)
+	}
+}
+
+// arrived waits for c, failing the test after a minute.
+func arrived(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(time.Minute):
+		t.Fatalf("%s: not within a minute", what)
 	}
 }
