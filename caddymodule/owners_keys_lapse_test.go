@@ -373,18 +373,7 @@ func TestAResumedOwnerSendsItsQueuedRequestsOnInArrivalOrder(t *testing.T) {
 // that b runs it last.
 func TestALaterRequestDoesNotOvertakeTheRequestsAResumedOwnerSendsOn(t *testing.T) {
 	ctx := context.Background()
-	var minted atomic.Int64
-	q00Arrived, q00Release := make(chan struct{}, 1), make(chan struct{})
-	echo := echoingAnswer(func() string { return fmt.Sprintf("ovt-%d", minted.Add(1)) })
-	up, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		if strings.Contains(string(body), `"q00"`) {
-			q00Arrived <- struct{}{}
-			<-q00Release
-		}
-		echo(w, r, body)
-	})
-	release := sync.OnceFunc(func() { close(q00Release) })
-	t.Cleanup(release) // before the upstream's own cleanup, which waits for its handlers
+	up, addr, q00Arrived, release := upstreamHoldingQ00(t)
 	p := startPausedOwner(t, addr, "queue_timeout 30s")
 	held := p.sendHeld(t, `"held"`)
 	const n = 5
@@ -429,17 +418,7 @@ func TestALaterRequestDoesNotOvertakeTheRequestsAResumedOwnerSendsOn(t *testing.
 // not queue behind them, and served here it would come from a's upstream.
 func TestAGetStreamReachingAnInstanceThatLostItsSessionGoesToTheOwner(t *testing.T) {
 	ctx := context.Background()
-	var minted atomic.Int64
-	q00Arrived, q00Release := make(chan struct{}, 1), make(chan struct{})
-	echo := echoingAnswer(func() string { return fmt.Sprintf("get-%d", minted.Add(1)) })
-	_, addr := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		if strings.Contains(string(body), `"q00"`) {
-			q00Arrived <- struct{}{}
-			<-q00Release
-		}
-		echo(w, r, body)
-	})
-	t.Cleanup(func() { close(q00Release) }) // before the upstream's own cleanup, which waits for its handlers
+	_, addr, q00Arrived, _ := upstreamHoldingQ00(t)
 	p := startPausedOwner(t, addr, "queue_timeout 30s", "get_stream forward")
 	held := p.sendHeld(t, `"held"`)
 	admin := &testCaddy{admin: p.in.admin}
@@ -456,6 +435,27 @@ func TestAGetStreamReachingAnInstanceThatLostItsSessionGoesToTheOwner(t *testing
 	if sid := get.header.Get("Mcp-Session-Id"); !strings.Contains(sid, p.bID) {
 		t.Fatalf("the GET stream was served by a (its id %q does not name b %s): the session's owner is b", sid, p.bID)
 	}
+}
+
+// upstreamHoldingQ00 is an upstream answering as echoingAnswer does,
+// minting session ids of its own, that holds the request carrying the
+// JSON-RPC id "q00" until release (called at the latest when the test
+// ends); arrived is told when that request reached it.
+func upstreamHoldingQ00(t *testing.T) (up *upstream, addr string, arrived <-chan struct{}, release func()) {
+	t.Helper()
+	var minted atomic.Int64
+	q00Arrived, q00Release := make(chan struct{}, 1), make(chan struct{})
+	echo := echoingAnswer(func() string { return fmt.Sprintf("q00-%d", minted.Add(1)) })
+	up, addr = newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if strings.Contains(string(body), `"q00"`) {
+			q00Arrived <- struct{}{}
+			<-q00Release
+		}
+		echo(w, r, body)
+	})
+	release = sync.OnceFunc(func() { close(q00Release) })
+	t.Cleanup(release) // before the upstream's own cleanup, which waits for its handlers
+	return up, addr, q00Arrived, release
 }
 
 // arrived waits for c, failing the test after a minute.

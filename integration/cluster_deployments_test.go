@@ -181,11 +181,7 @@ func TestClusterRoundRobinWithRedisRequiringClientCertificates(t *testing.T) {
 	res = runPipeline(t, alone, "one instance without a client certificate", 20)
 	wantNoFailure(t, res)
 	refused := sumValues(alone.metrics(t, "caddy_mcp_serializer_state_errors_total"))
-	log, err := os.ReadFile(alone.Instances[0].log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	warns := strings.Count(string(log), "shared session state unavailable")
+	warns := strings.Count(alone.Instances[0].logText(t), "shared session state unavailable")
 	t.Logf("without a client certificate: %v refused state calls, %d WARN lines", refused, warns)
 	if refused == 0 || warns == 0 || float64(warns) >= refused {
 		t.Fatalf("%v refused state calls and %d WARN lines: want refusals counted, and fewer WARNs than refusals", refused, warns)

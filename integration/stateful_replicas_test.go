@@ -391,14 +391,10 @@ func TestStatefulReplicasCaddyRestartedServesItsReplicasSessionsAgain(t *testing
 	prerequisites(t)
 	for _, front := range roundRobinFronts {
 		t.Run(front.String(), func(t *testing.T) {
-			rs := startReplicaServers(t, 3)
-			rs.startInstances(t, front)
+			rs := startStatefulReplicas(t, front)
 			run := startHoldRun(t, rs, statefulSessions)
-			run.waitReady(t)
 			victim := rs.replicas[1]
-			mine := run.slotsOf(t, rs, victim)
-			run.round(t, "")
-			run.wantRoundAnswered(t, 1)
+			mine := run.pastFirstRound(t, rs, victim)
 
 			// Round 2: a slow call on every session (20 steps of 100 ms);
 			// the Caddy stops once each of its sessions' calls runs.
@@ -493,14 +489,10 @@ func TestStatefulReplicasGoneReplicasSessionsAnswer404AndTheirClientsStartAgain(
 // testGoneReplica is one case of the test above.
 func testGoneReplica(t *testing.T, front balancer, what string, sig syscall.Signal, least, bound time.Duration) {
 	signal := map[syscall.Signal]string{syscall.SIGKILL: "SIGKILL", syscall.SIGTERM: "SIGTERM"}[sig]
-	rs := startReplicaServers(t, 3)
-	rs.startInstances(t, front)
+	rs := startStatefulReplicas(t, front)
 	run := startHoldRun(t, rs, statefulSessions)
-	run.waitReady(t)
 	victim := rs.replicas[2]
-	mine := run.slotsOf(t, rs, victim)
-	run.round(t, "")
-	run.wantRoundAnswered(t, 1)
+	mine := run.pastFirstRound(t, rs, victim)
 	// A replica logs a request once its answer's stream has ended,
 	// which may come after the client has its reply: gone before, it
 	// would not show what it served. So far each session sent
@@ -571,15 +563,11 @@ func TestStatefulReplicasReplicaRestartedLosesOnlyItsOwnSessions(t *testing.T) {
 	prerequisites(t)
 	for _, front := range roundRobinFronts {
 		t.Run(front.String(), func(t *testing.T) {
-			rs := startReplicaServers(t, 3)
-			rs.startInstances(t, front)
+			rs := startStatefulReplicas(t, front)
 			run := startHoldRun(t, rs, statefulSessions)
-			run.waitReady(t)
 			victim := rs.replicas[0]
-			mine := run.slotsOf(t, rs, victim)
+			mine := run.pastFirstRound(t, rs, victim)
 			others := run.others(mine)
-			run.round(t, "")
-			run.wantRoundAnswered(t, 1)
 			// Each session sent notifications/initialized,
 			// logging/setLevel, tools/list and round 1's call; the
 			// replica logs a request once its answer has ended.
@@ -645,14 +633,10 @@ func TestStatefulReplicasAnInstanceAddedTakesNewSessionsAndTouchesNoOldOne(t *te
 	prerequisites(t)
 	for _, front := range roundRobinFronts {
 		t.Run(front.String(), func(t *testing.T) {
-			rs := startReplicaServers(t, 3)
-			rs.startInstances(t, front)
+			rs := startStatefulReplicas(t, front)
 			old := startHoldRun(t, rs, statefulSessions)
 			old.label = "old sessions"
-			old.waitReady(t)
-			old.slotsOf(t, rs, nil)
-			old.round(t, "")
-			old.wantRoundAnswered(t, 1)
+			old.pastFirstRound(t, rs, nil)
 
 			joining := time.Now()
 			added := rs.addReplica(t)
@@ -1069,6 +1053,27 @@ func containsInt(list []int, v int) bool {
 		}
 	}
 	return false
+}
+
+// startStatefulReplicas starts three replicas and their instances behind
+// a round-robin front of kind front (startInstances).
+func startStatefulReplicas(t *testing.T, front balancer) *statefulReplicas {
+	t.Helper()
+	rs := startReplicaServers(t, 3)
+	rs.startInstances(t, front)
+	return rs
+}
+
+// pastFirstRound waits until the run's sessions are open, has each one
+// answer round 1, and returns the slots of those victim's instance
+// created (slotsOf; nil victim: none).
+func (r *holdRun) pastFirstRound(t *testing.T, rs *statefulReplicas, victim *replica) []int {
+	t.Helper()
+	r.waitReady(t)
+	mine := r.slotsOf(t, rs, victim)
+	r.round(t, "")
+	r.wantRoundAnswered(t, 1)
+	return mine
 }
 
 // slotsOf is the slots whose sessions victim's instance created, failing
