@@ -181,7 +181,7 @@ func (h *Handler) serveAtOwner(w http.ResponseWriter, r *http.Request, info *req
 		if !forward && !wait {
 			return false, nil
 		}
-		if forward && through == nil && !info.moved && r.Method != http.MethodGet && (h.table.Busy(id) || h.table.Busy(info.sessionID)) {
+		if forward && through == nil && !info.moved && r.Method != http.MethodGet && (h.table.Busy(id) || id != info.sessionID && h.table.Busy(info.sessionID)) {
 			// Its session's earlier requests wait here, to be sent on
 			// one at a time from their turns (this instance lost the
 			// session while they waited): it queues behind them. A GET
